@@ -1,0 +1,1 @@
+"""rlx runtime: config, RNG streams, controller, parameter server, model, inference, trainer, CLI."""

@@ -1,0 +1,71 @@
+"""The ``rlx`` command line.
+
+Each command group lives in its own module under ``runtime.commands`` and exposes
+``register(subparsers)``; a registered parser sets ``func`` to a callable taking the parsed
+arguments and returning an exit status. Modules import their heavy dependencies (JAX, gRPC)
+inside the command functions so that ``rlx --help`` and the ledger tools start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = (
+    "runtime.commands.ledger",
+    "runtime.commands.verify",
+    "runtime.commands.serve",
+)
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """The exception bases whose messages are shown as one line instead of a traceback."""
+    from ledger.errors import LedgerError
+    from runtime.errors import RlxError
+
+    types: list[type[BaseException]] = [LedgerError, RlxError]
+    try:
+        from verifiers.errors import VerifierError
+    except ImportError:  # the verifiers package may be absent in a partial checkout
+        pass
+    else:
+        types.append(VerifierError)
+    return tuple(types)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlx",
+        description="Event-sourced reinforcement learning for LLMs: every decision is in the ledger.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    errors = _user_error_types()
+    try:
+        status = args.func(args)
+    except errors as e:
+        print(f"rlx: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rlx: interrupted", file=sys.stderr)
+        return 130
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Command groups of the ``rlx`` CLI, one module per group (see ``runtime.cli``)."""

@@ -1,0 +1,1 @@
+"""Verifiers: typed outcomes, math answers and sandboxed code execution."""
