@@ -1,0 +1,61 @@
+"""Per-token log-probabilities and entropy of tempered logits.
+
+This is the one definition of "the log-prob of a token" that the sampler records and the trainer
+recomputes; using anything else on either side shows up as inference/trainer log-prob mismatch.
+The temperature divides the logits *before* the log-softmax, in float32:
+
+    log p_T(y | x) = z_y / T - log sum_v exp(z_v / T)
+    H_T(x)         = - sum_v p_T(v | x) log p_T(v | x)
+
+It is the distribution that temperature sampling draws from, before any top-k / top-p truncation:
+truncation changes which tokens can be drawn, not the log-prob that is recorded. A non-positive
+temperature (greedy decoding) scores the untempered distribution, ``T = 1``.
+
+Every reduction runs over the vocabulary axis of one row only, so a row's values do not depend on
+the other rows of the batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def tempered_log_softmax(logits_XV: jax.Array, temperature: float | jax.Array = 1.0) -> jax.Array:
+    """``log_softmax(logits / T)`` over the last axis, in float32.
+
+    Args:
+      logits_XV: logits with any leading shape ``X`` and the vocabulary last.
+      temperature: a scalar or an array broadcastable to ``X`` (one temperature per row, e.g. per
+        request in a decode batch). Non-positive entries mean ``T = 1``.
+    """
+    temperature_X1 = jnp.expand_dims(jnp.asarray(temperature, jnp.float32), -1)
+    temperature_X1 = jnp.where(temperature_X1 > 0, temperature_X1, 1.0)
+    return jax.nn.log_softmax(logits_XV.astype(jnp.float32) / temperature_X1, axis=-1)
+
+
+def token_logprobs(
+    logits_XV: jax.Array, tokens_X: jax.Array, temperature: float | jax.Array = 1.0
+) -> jax.Array:
+    """``log p_T(tokens | ·)`` for each position, float32 with the shape of ``tokens_X``.
+
+    ``logits_XV[..., :]`` is the distribution that ``tokens_X[...]`` was drawn from (for a
+    sequence forward pass, shift the tokens by one before calling).
+    """
+    logp_XV = tempered_log_softmax(logits_XV, temperature)
+    return jnp.take_along_axis(logp_XV, tokens_X[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def entropy(logits_XV: jax.Array, temperature: float | jax.Array = 1.0) -> jax.Array:
+    """Entropy ``H_T`` of each row's tempered distribution, float32 of shape ``X``."""
+    logp_XV = tempered_log_softmax(logits_XV, temperature)
+    return -jnp.sum(jnp.exp(logp_XV) * logp_XV, axis=-1)
+
+
+def token_logprobs_and_entropy(
+    logits_XV: jax.Array, tokens_X: jax.Array, temperature: float | jax.Array = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """``(token_logprobs, entropy)`` from one log-softmax; same definitions as above."""
+    logp_XV = tempered_log_softmax(logits_XV, temperature)
+    logp_X = jnp.take_along_axis(logp_XV, tokens_X[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return logp_X, -jnp.sum(jnp.exp(logp_XV) * logp_XV, axis=-1)
