@@ -1,0 +1,39 @@
+"""The durable, append-only ledger of a run: events, canonical codec, stores, verification."""
+
+from ledger.codec import decode_body, encode_body, encode_event, pack, unpack
+from ledger.errors import (
+    AppendConflict,
+    Busy,
+    CodecError,
+    CorruptLedger,
+    Fenced,
+    LedgerError,
+    RunExists,
+    RunNotFound,
+    StoreUnavailable,
+)
+from ledger.events import (
+    EVENTS,
+    BatchFormed,
+    ControllerStarted,
+    Event,
+    OutcomeRecorded,
+    PromptsSampled,
+    Registry,
+    RolloutAbandoned,
+    RolloutAssigned,
+    RolloutCompleted,
+    RolloutRequested,
+    RunFinished,
+    RunStarted,
+    TrainStepCompleted,
+    WeightsPublished,
+    WorkerJoined,
+    WorkerLost,
+    event,
+    upcaster,
+)
+from ledger.memory import MemoryStore
+from ledger.store import EventStore, Head, RawRecord, RepairReport, StoredEvent, VerifyReport, open_store
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,169 @@
+"""Canonical msgpack codec for event bodies.
+
+Canonical means one byte string per value: map keys are sorted, Python floats are always
+float64, tuples and lists both encode as arrays (and decode as tuples), and numpy arrays are a
+msgpack extension (type 1) carrying dtype name, shape and the raw little-endian bytes in C order.
+So the same event always gives the same bytes — across processes, platforms and dict insertion
+orders — and arrays of token ids or log-probs round-trip bit-exactly (NaN payloads included).
+
+Array extension payload (all integers little-endian)::
+
+    u8 len(dtype_name) | dtype_name (ascii) | u8 ndim | ndim x u64 dims | raw bytes
+
+Numpy scalars encode as 0-d arrays and decode as 0-d arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ledger.errors import CodecError
+from ledger.events import EVENTS, Event, Registry
+
+ARRAY_EXT = 1
+_SCALARS = (str, int, float, bool, bytes, type(None))
+_U64 = struct.Struct("<Q")
+
+
+def _dtype_from_name(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        pass
+    try:  # bfloat16 and friends live in ml_dtypes (a numpy extension, no JAX needed)
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+    except (ImportError, AttributeError, TypeError):
+        raise CodecError(f"unknown array dtype {name!r} in event body") from None
+
+
+def _pack_array(a: np.ndarray) -> msgpack.ExtType:
+    if a.dtype.hasobject or a.dtype.fields is not None:
+        raise CodecError(f"cannot encode array of dtype {a.dtype}: only numeric and bool arrays")
+    name = a.dtype.name.encode("ascii")
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+    head = bytes([len(name)]) + name + bytes([a.ndim]) + b"".join(_U64.pack(d) for d in a.shape)
+    return msgpack.ExtType(ARRAY_EXT, head + a.tobytes())
+
+
+def _unpack_array(data: bytes) -> np.ndarray:
+    try:
+        n = data[0]
+        dtype = _dtype_from_name(data[1 : 1 + n].decode("ascii"))
+        ndim = data[1 + n]
+        off = 2 + n
+        shape = tuple(_U64.unpack_from(data, off + 8 * i)[0] for i in range(ndim))
+        off += 8 * ndim
+    except (IndexError, UnicodeDecodeError, struct.error) as e:
+        raise CodecError(f"malformed array in event body: {e}") from None
+    count = 1
+    for d in shape:
+        count *= d
+    raw = memoryview(data)[off:]
+    if len(raw) != count * dtype.itemsize:
+        raise CodecError(
+            f"malformed array in event body: shape {shape} of {dtype.name} needs "
+            f"{count * dtype.itemsize} bytes, found {len(raw)}"
+        )
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+
+
+def canonical(value: Any) -> Any:
+    """``value`` normalised for canonical packing: dicts sorted by key, arrays as extensions."""
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if t is dict:
+        for k in value:
+            if type(k) is not str:
+                raise CodecError(f"cannot encode dict key {k!r} of type {type(k).__name__}: keys must be str")
+        return {k: canonical(value[k]) for k in sorted(value)}
+    if t is tuple or t is list:
+        return [canonical(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _pack_array(value)
+    if isinstance(value, np.generic):
+        return _pack_array(np.asarray(value))
+    if isinstance(value, (str, int, float, bytes)):  # subclasses (e.g. IntEnum, bool is handled)
+        base = next(b for b in (bool, int, float, str, bytes) if isinstance(value, b))
+        return base(value)
+    raise CodecError(
+        f"cannot encode value of type {t.__name__}: accepted are None, bool, int, float, str, "
+        "bytes, tuple/list, dict with str keys and numpy arrays"
+    )
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == ARRAY_EXT:
+        return _unpack_array(data)
+    raise CodecError(f"unknown msgpack extension type {code} in event body")
+
+
+def pack(value: Any) -> bytes:
+    """Canonical msgpack bytes of a plain value (see module docstring)."""
+    try:
+        return msgpack.packb(canonical(value), use_bin_type=True, use_single_float=False)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise CodecError(f"cannot encode value: {e}") from None
+
+
+def unpack(data: bytes) -> Any:
+    """Inverse of ``pack``: arrays come back as read-only numpy arrays, sequences as tuples."""
+    try:
+        return msgpack.unpackb(
+            data, raw=False, use_list=False, strict_map_key=True, ext_hook=_ext_hook
+        )
+    except CodecError:
+        raise
+    except Exception as e:  # msgpack raises several unrelated types for malformed input
+        raise CodecError(f"malformed msgpack body: {type(e).__name__}: {e}") from None
+
+
+def encode_body(ev: Event) -> bytes:
+    """The canonical body bytes of an event (its fields as a sorted map)."""
+    if not dataclasses.is_dataclass(ev) or not isinstance(ev, Event):
+        raise CodecError(f"not an event: {type(ev).__name__}")
+    return pack({f.name: getattr(ev, f.name) for f in dataclasses.fields(ev)})
+
+
+def decode_body(kind: str, version: int, body: bytes, registry: Registry = EVENTS) -> Event:
+    """Decode a stored body of ``kind`` at schema ``version`` into the current event class.
+
+    Older versions are upcast step by step; unknown kinds, versions newer than this software,
+    missing upcasters, unknown or missing fields raise ``CodecError``.
+    """
+    cls = registry.cls(kind)
+    if cls is None:
+        raise CodecError(f"unknown event kind {kind!r}; known kinds: {', '.join(registry.kinds())}")
+    fields = unpack(body)
+    if type(fields) is not dict:
+        raise CodecError(f"malformed {kind} body: expected a map of fields, got {type(fields).__name__}")
+    if version > cls.VERSION:
+        raise CodecError(
+            f"{kind} body has schema version {version}, newer than this software's {cls.VERSION}"
+        )
+    while version < cls.VERSION:
+        up = registry.upcaster(kind, version)
+        if up is None:
+            raise CodecError(f"no upcaster for {kind} from schema version {version}")
+        fields = up(dict(fields))
+        version += 1
+    names = registry.field_names(kind)
+    unknown = [k for k in fields if k not in names]
+    if unknown:
+        raise CodecError(f"malformed {kind} body: unknown fields {sorted(unknown)}")
+    missing = registry.required(kind) - fields.keys()
+    if missing:
+        raise CodecError(f"malformed {kind} body: missing fields {sorted(missing)}")
+    return cls(**fields)
+
+
+def encode_event(ev: Event) -> tuple[str, int, bytes]:
+    """``(kind, version, body)`` as stored."""
+    return ev.KIND, ev.VERSION, encode_body(ev)

@@ -1,0 +1,295 @@
+"""The event vocabulary of a run.
+
+Every event is a frozen dataclass with a stable ``KIND`` string and a schema ``VERSION``. The
+store keeps ``(kind, version, body)``; the body is the canonical msgpack encoding of the fields
+(``ledger.codec``). When a kind gains or changes a field, its ``VERSION`` goes up and an upcaster
+``(kind, old_version) -> new body`` is registered, so bodies written by older software are read
+as current events (as in pyeventsourcing's upcasting).
+
+Field values are limited to what the codec can encode canonically: ``None``, ``bool``, ``int``,
+``float``, ``str``, ``bytes``, tuples, dicts with string keys, and numpy arrays (token ids,
+log-probs) which round-trip bit-exactly with dtype and shape.
+
+Ids are plain integers assigned by the controller in order (rollout ids, group ids, step
+numbers), so that ordering by id is deterministic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Iterator
+
+import numpy as np
+
+Body = dict[str, Any]
+Upcaster = Callable[[Body], Body]
+
+
+class Event:
+    """Base of all events; subclasses are frozen dataclasses registered with ``@event``."""
+
+    KIND: ClassVar[str]
+    VERSION: ClassVar[int]
+
+    def fields(self) -> Body:
+        """The event's fields as a dict, in declaration order (not a deep copy)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return _values_equal(self.fields(), other.fields())  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        from ledger.codec import encode_body
+
+        return hash((self.KIND, encode_body(self)))
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # NaN fields compare equal to themselves: events are values
+    return type(a) is type(b) and a == b
+
+
+class Registry:
+    """Event classes by kind, and upcasters from older versions of each kind."""
+
+    def __init__(self) -> None:
+        self._classes: dict[str, type[Event]] = {}
+        self._upcasters: dict[tuple[str, int], Upcaster] = {}
+        self._field_names: dict[str, tuple[str, ...]] = {}
+        self._required: dict[str, frozenset[str]] = {}
+
+    def register(self, cls: type[Event]) -> type[Event]:
+        if cls.KIND in self._classes and self._classes[cls.KIND] is not cls:
+            raise ValueError(f"event kind {cls.KIND!r} registered twice")
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        self._classes[cls.KIND] = cls
+        self._field_names[cls.KIND] = tuple(f.name for f in fields)
+        self._required[cls.KIND] = frozenset(
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        return cls
+
+    def register_upcaster(self, kind: str, from_version: int, fn: Upcaster) -> None:
+        key = (kind, from_version)
+        if key in self._upcasters:
+            raise ValueError(f"upcaster for {kind!r} v{from_version} registered twice")
+        self._upcasters[key] = fn
+
+    def cls(self, kind: str) -> type[Event] | None:
+        return self._classes.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._classes)
+
+    def field_names(self, kind: str) -> tuple[str, ...]:
+        return self._field_names[kind]
+
+    def required(self, kind: str) -> frozenset[str]:
+        return self._required[kind]
+
+    def upcaster(self, kind: str, from_version: int) -> Upcaster | None:
+        return self._upcasters.get((kind, from_version))
+
+    def __iter__(self) -> Iterator[type[Event]]:
+        return iter(self._classes[k] for k in self.kinds())
+
+
+EVENTS = Registry()
+
+
+def event(kind: str, version: int = 1, registry: Registry = EVENTS) -> Callable[[type], type]:
+    """Class decorator: make a frozen event dataclass of ``kind`` at schema ``version``."""
+
+    def wrap(cls: type) -> type:
+        cls.KIND = kind
+        cls.VERSION = version
+        dc = dataclasses.dataclass(frozen=True, eq=False)(cls)
+        registry.register(dc)
+        return dc
+
+    return wrap
+
+
+def upcaster(kind: str, from_version: int, registry: Registry = EVENTS) -> Callable[[Upcaster], Upcaster]:
+    """Decorator: register ``fn(body_v) -> body_v+1`` for bodies of ``kind`` at ``from_version``."""
+
+    def wrap(fn: Upcaster) -> Upcaster:
+        registry.register_upcaster(kind, from_version, fn)
+        return fn
+
+    return wrap
+
+
+# --------------------------------------------------------------------------------------------
+# Run lifecycle
+
+
+@event("RunStarted")
+class RunStarted(Event):
+    """A run begins: its resolved config (and digest), seed and environment fingerprint."""
+
+    run_id: str
+    config: dict
+    config_digest: str
+    seed: int
+    fingerprint: dict = dataclasses.field(default_factory=dict)
+
+
+@event("ControllerStarted")
+class ControllerStarted(Event):
+    """A controller took the writer epoch ``epoch`` (first start or resume)."""
+
+    epoch: int
+    head_seq: int
+    fingerprint: dict = dataclasses.field(default_factory=dict)
+
+
+@event("RunFinished")
+class RunFinished(Event):
+    """The run ended: the last version and its digest."""
+
+    final_version: int
+    final_digest: str
+    reason: str = "completed"
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling and rollouts
+
+
+@event("PromptsSampled")
+class PromptsSampled(Event):
+    """Prompts drawn for one batch: dataset indices, in the order their groups are requested."""
+
+    batch: int
+    data_epoch: int
+    prompt_indices: tuple
+
+
+@event("RolloutRequested")
+class RolloutRequested(Event):
+    """One sample of a group is requested from ``policy_version`` with its own sampling seed."""
+
+    rollout_id: int
+    group_id: int
+    batch: int
+    prompt_index: int
+    policy_version: int
+    seed: int
+    sampling: dict
+
+
+@event("RolloutAssigned")
+class RolloutAssigned(Event):
+    """A request is leased to a worker; ``attempt`` counts leases of the same request."""
+
+    rollout_id: int
+    worker_id: str
+    attempt: int
+
+
+@event("RolloutCompleted")
+class RolloutCompleted(Event):
+    """The accepted result of a request: sampled token ids and their log-probs."""
+
+    rollout_id: int
+    worker_id: str
+    attempt: int
+    policy_version: int
+    weights_digest: str
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+
+
+@event("RolloutAbandoned")
+class RolloutAbandoned(Event):
+    """A lease is given up (worker lost, lease expired, stale group); the request may be re-leased."""
+
+    rollout_id: int
+    attempt: int
+    reason: str
+
+
+@event("OutcomeRecorded")
+class OutcomeRecorded(Event):
+    """The verifier's typed outcome for a completed rollout."""
+
+    rollout_id: int
+    reward: float
+    passed: bool
+    verdict: str
+    verifier: str
+    verifier_version: str
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Training and weights
+
+
+@event("BatchFormed")
+class BatchFormed(Event):
+    """The rollouts (whole groups, in training order) that step ``step`` consumes."""
+
+    step: int
+    group_ids: tuple
+    rollout_ids: tuple
+    policy_versions: tuple
+
+
+@event("TrainStepCompleted")
+class TrainStepCompleted(Event):
+    """Step ``step`` turned version ``step - 1`` into version ``step``; metrics of the step."""
+
+    step: int
+    batch_digest: str
+    metrics: dict
+
+
+@event("WeightsPublished")
+class WeightsPublished(Event):
+    """Version ``version`` is complete in the parameter store with ``digest``."""
+
+    version: int
+    digest: str
+    parent_version: int
+    parent_digest: str
+
+
+# --------------------------------------------------------------------------------------------
+# Workers
+
+
+@event("WorkerJoined")
+class WorkerJoined(Event):
+    """A worker of ``role`` (inference, verifier, trainer) became available."""
+
+    worker_id: str
+    role: str
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+@event("WorkerLost")
+class WorkerLost(Event):
+    """A worker is gone (lease expired, crashed, shut down); its leases are abandoned."""
+
+    worker_id: str
+    reason: str

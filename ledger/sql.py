@@ -1,0 +1,399 @@
+"""Durable event stores on SQLAlchemy 2: SQLite (embedded default) and PostgreSQL.
+
+SQLite: WAL journal, ``synchronous=FULL`` by default, a busy timeout, and explicit
+``BEGIN IMMEDIATE`` for every write transaction (the stdlib driver's implicit transactions are
+switched off, as SQLAlchemy's SQLite notes advise). Reads run in short deferred transactions,
+so readers never block the writer and always see a committed prefix.
+
+PostgreSQL: ``synchronous_commit=on``; appends to one run are serialised by locking the run's
+row (``SELECT … FOR UPDATE``), which makes ``seq`` gapless and insert order equal commit order.
+Each commit sends ``NOTIFY rlx_ledger`` with the run id; ``follow`` uses it as a wake-up only
+and always re-reads from its last seq.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import urllib.parse
+from typing import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from ledger import chain
+from ledger.errors import (
+    AppendConflict,
+    Busy,
+    Fenced,
+    LedgerError,
+    RunExists,
+    RunNotFound,
+    StoreUnavailable,
+)
+from ledger.events import EVENTS, Registry
+from ledger.store import EventStore, Head, RawRecord, append_chain
+
+FORMAT = "rlx-ledger"
+SCHEMA_VERSION = "1"
+_CHUNK = 4096
+NOTIFY_CHANNEL = "rlx_ledger"
+
+metadata = sa.MetaData()
+meta_table = sa.Table(
+    "rlx_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+runs_table = sa.Table(
+    "rlx_runs",
+    metadata,
+    sa.Column("run_id", sa.String(200), primary_key=True),
+    sa.Column("writer_epoch", sa.BigInteger, nullable=False),
+)
+events_table = sa.Table(
+    "rlx_events",
+    metadata,
+    sa.Column("run_id", sa.String(200), primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("digest", sa.LargeBinary, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("wall_time", sa.Float, nullable=False),
+    sqlite_with_rowid=False,
+)
+_ev = events_table.c
+_INSERT = (
+    "INSERT INTO rlx_events (run_id, seq, kind, version, body, digest, epoch, wall_time) "
+    "VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
+)
+
+
+class _SqlStore(EventStore):
+    """Shared SQLAlchemy logic; subclasses configure the engine and the run lock."""
+
+    _paramstyle = "?"
+
+    def __init__(self, url: str, engine: sa.Engine, read_engine: sa.Engine, *, create: bool, registry: Registry):
+        self.url = url
+        self.registry = registry
+        self._engine = engine
+        self._read_engine = read_engine
+        self._insert_sql = _INSERT.format(p=self._paramstyle)
+        with self._translate("open"):
+            self._ensure_schema(create)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translate(self, what: str):
+        try:
+            yield
+        except LedgerError:
+            raise
+        except sa_exc.OperationalError as e:
+            msg = str(e.orig) if e.orig is not None else str(e)
+            if "locked" in msg or "busy" in msg:
+                raise Busy(f"ledger {self._display()} busy during {what}: {msg}") from e
+            raise StoreUnavailable(f"ledger {self._display()} failed during {what}: {msg}") from e
+        except sa_exc.DBAPIError as e:
+            msg = str(e.orig) if e.orig is not None else str(e)
+            raise LedgerError(f"ledger {self._display()} failed during {what}: {msg}") from e
+
+    def _display(self) -> str:
+        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+
+    def _ensure_schema(self, create: bool) -> None:
+        insp = sa.inspect(self._engine)
+        names = set(insp.get_table_names())
+        if "rlx_meta" in names:
+            with self._read_engine.connect() as conn:
+                rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+            if rows.get("format") != FORMAT:
+                raise StoreUnavailable(f"{self._display()} is not an rlx ledger (format {rows.get('format')!r})")
+            if rows.get("schema_version") != SCHEMA_VERSION:
+                raise StoreUnavailable(
+                    f"{self._display()} has ledger schema {rows.get('schema_version')!r}; "
+                    f"this software reads schema {SCHEMA_VERSION!r}"
+                )
+            return
+        if not create:
+            raise StoreUnavailable(f"{self._display()} is not an rlx ledger (no rlx_meta table)")
+        if names - {"rlx_runs", "rlx_events"} and not self._allow_foreign_tables():
+            raise StoreUnavailable(
+                f"{self._display()} is a database with other tables ({', '.join(sorted(names)[:5])}), "
+                "not an rlx ledger; refusing to write into it"
+            )
+        try:
+            with self._engine.begin() as conn:
+                metadata.create_all(conn)
+                conn.execute(
+                    meta_table.insert(),
+                    [{"key": "format", "value": FORMAT}, {"key": "schema_version", "value": SCHEMA_VERSION}],
+                )
+        except sa_exc.IntegrityError:
+            pass  # another process created the schema at the same moment
+
+    def _allow_foreign_tables(self) -> bool:
+        return False
+
+    def _lock_run(self, conn: sa.Connection, run_id: str) -> int:
+        """Inside a write transaction: lock the run and return its writer epoch."""
+        row = conn.execute(
+            sa.select(runs_table.c.writer_epoch).where(runs_table.c.run_id == run_id)
+        ).first()
+        if row is None:
+            raise RunNotFound(run_id, self.runs())
+        return int(row[0])
+
+    def _after_append(self, conn: sa.Connection, run_id: str) -> None:
+        """Inside the append transaction, after the insert (PostgreSQL notifies)."""
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def create_run(self, run_id: str) -> None:
+        if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
+            raise LedgerError(f"invalid run id {run_id!r}: a non-empty string of at most 200 characters")
+        with self._translate("create_run"):
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(runs_table.insert().values(run_id=run_id, writer_epoch=0))
+            except sa_exc.IntegrityError:
+                raise RunExists(f"run {run_id!r} already exists in this ledger") from None
+
+    def runs(self) -> list[str]:
+        with self._translate("runs"), self._read_engine.connect() as conn:
+            return [r[0] for r in conn.execute(sa.select(runs_table.c.run_id).order_by(runs_table.c.run_id))]
+
+    def acquire_epoch(self, run_id: str) -> int:
+        with self._translate("acquire_epoch"), self._engine.begin() as conn:
+            epoch = self._lock_run(conn, run_id) + 1
+            conn.execute(
+                runs_table.update().where(runs_table.c.run_id == run_id).values(writer_epoch=epoch)
+            )
+            return epoch
+
+    def writer_epoch(self, run_id: str) -> int:
+        with self._translate("writer_epoch"), self._read_engine.connect() as conn:
+            row = conn.execute(
+                sa.select(runs_table.c.writer_epoch).where(runs_table.c.run_id == run_id)
+            ).first()
+        if row is None:
+            raise RunNotFound(run_id, self.runs())
+        return int(row[0])
+
+    @staticmethod
+    def _head_in(conn: sa.Connection, run_id: str) -> Head:
+        row = conn.execute(
+            sa.select(_ev.seq, _ev.digest).where(_ev.run_id == run_id).order_by(_ev.seq.desc()).limit(1)
+        ).first()
+        return Head(int(row[0]), bytes(row[1])) if row else Head(0, chain.GENESIS)
+
+    def head(self, run_id: str) -> Head:
+        with self._translate("head"), self._read_engine.connect() as conn:
+            head = self._head_in(conn, run_id)
+            if head.seq == 0 and run_id not in self.runs():
+                raise RunNotFound(run_id, self.runs())
+            return head
+
+    def _append_encoded(self, run_id, records, expected_seq, epoch) -> Head:
+        with self._translate("append"), self._engine.begin() as conn:
+            current = self._lock_run(conn, run_id)
+            if epoch != current:
+                raise Fenced(run_id, epoch, current)
+            head = self._head_in(conn, run_id)
+            if head.seq != expected_seq:
+                raise AppendConflict(run_id, expected_seq, head.seq)
+            now = time.time()
+            rows = [
+                (run_id, s, k, v, b, d, epoch, now)
+                for s, k, v, b, d in append_chain(head.digest, head.seq + 1, records)
+            ]
+            conn.exec_driver_sql(self._insert_sql, rows)
+            self._after_append(conn, run_id)
+            return Head(rows[-1][1], rows[-1][5])
+
+    def _chunk(self, run_id: str, from_seq: int, to_seq: int | None, limit: int) -> list:
+        q = sa.select(_ev.seq, _ev.kind, _ev.version, _ev.body, _ev.digest, _ev.epoch, _ev.wall_time).where(
+            _ev.run_id == run_id, _ev.seq >= from_seq
+        )
+        if to_seq is not None:
+            q = q.where(_ev.seq <= to_seq)
+        with self._read_engine.connect() as conn:
+            return conn.execute(q.order_by(_ev.seq).limit(limit)).all()
+
+    def scan(self, run_id: str, from_seq: int = 1, to_seq: int | None = None) -> Iterator[RawRecord]:
+        if run_id not in self.runs():
+            raise RunNotFound(run_id, self.runs())
+        seq = from_seq
+        while True:
+            try:
+                rows = self._chunk(run_id, seq, to_seq, _CHUNK)
+            except sa_exc.DBAPIError:
+                # A damaged page somewhere in this chunk: read one record at a time to hand out
+                # every readable record before the first unreadable one.
+                with self._translate(f"read at seq {seq}"):
+                    rows = self._chunk(run_id, seq, to_seq, 1)
+            for s, kind, version, body, digest, epoch, wall in rows:
+                yield RawRecord(run_id, int(s), kind, int(version), bytes(body), bytes(digest), int(epoch), float(wall))
+            if len(rows) < _CHUNK and len(rows) != 1:
+                return
+            if not rows:
+                return
+            seq = int(rows[-1][0]) + 1
+
+    def _truncate(self, run_id: str, from_seq: int) -> int:
+        with self._translate("repair"), self._engine.begin() as conn:
+            self._lock_run(conn, run_id)
+            res = conn.execute(events_table.delete().where(_ev.run_id == run_id, _ev.seq >= from_seq))
+            return int(res.rowcount)
+
+    def stats(self) -> dict:
+        with self._translate("stats"), self._read_engine.connect() as conn:
+            by_kind = conn.execute(
+                sa.select(_ev.kind, sa.func.count(), sa.func.sum(sa.func.length(_ev.body)))
+                .group_by(_ev.kind)
+                .order_by(_ev.kind)
+            ).all()
+            per_run = dict(
+                conn.execute(sa.select(_ev.run_id, sa.func.count()).group_by(_ev.run_id)).all()
+            )
+        runs = {r: int(per_run.get(r, 0)) for r in self.runs()}
+        return {
+            "url": self._display(),
+            "runs": runs,
+            "events": sum(int(c) for _, c, _ in by_kind),
+            "events_by_kind": {k: int(c) for k, c, _ in by_kind},
+            "body_bytes": sum(int(b or 0) for _, _, b in by_kind),
+            **self._size(),
+        }
+
+    def _size(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        self._engine.dispose()
+        self._read_engine.dispose()
+
+
+class SqliteStore(_SqlStore):
+    """The embedded default: one SQLite file (``DIR/ledger.db`` for a run directory)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool = False,
+        registry: Registry = EVENTS,
+        synchronous: str = "FULL",
+        busy_timeout_ms: int = 30_000,
+    ):
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise LedgerError(f"invalid synchronous={synchronous!r}; accepted: OFF, NORMAL, FULL, EXTRA")
+        path = sa.engine.make_url(url).database
+        if not path:
+            raise StoreUnavailable(f"SQLite URL {url!r} names no file; use sqlite:///PATH")
+        self.path = os.path.abspath(path)
+        if os.path.isdir(self.path):
+            raise StoreUnavailable(f"{self.path} is a directory, not a ledger file")
+        if not create and not os.path.exists(self.path):
+            raise StoreUnavailable(f"no ledger at {self.path} (file does not exist)")
+        if create and not os.path.isdir(os.path.dirname(self.path)):
+            raise StoreUnavailable(f"cannot create ledger {self.path}: directory {os.path.dirname(self.path)} does not exist")
+        mode = "rwc" if create else "rw"
+        creator_url = "file:" + urllib.parse.quote(self.path) + f"?mode={mode}"
+        self._sync = synchronous.upper()
+        self._busy = int(busy_timeout_ms)
+        engine = self._make_engine(creator_url, "BEGIN IMMEDIATE")
+        read_engine = self._make_engine(creator_url, "BEGIN")
+        try:
+            super().__init__("sqlite:///" + self.path, engine, read_engine, create=create, registry=registry)
+        except StoreUnavailable as e:
+            engine.dispose()
+            read_engine.dispose()
+            if "file is not a database" in str(e):
+                raise StoreUnavailable(f"{self.path} is not an rlx ledger (not a SQLite database)") from None
+            raise
+
+    def _make_engine(self, creator_url: str, begin: str) -> sa.Engine:
+        import sqlite3
+
+        def connect():
+            conn = sqlite3.connect(creator_url, uri=True, check_same_thread=False, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout={self._busy}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._sync}")
+            return conn
+
+        engine = sa.create_engine("sqlite://", creator=connect, poolclass=sa.pool.QueuePool, pool_size=4)
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn: sa.Connection) -> None:
+            conn.exec_driver_sql(begin)
+
+        return engine
+
+    def _size(self) -> dict:
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(self.path + suffix)
+        return {"file_bytes": total}
+
+
+class PostgresStore(_SqlStore):
+    """PostgreSQL through psycopg 3, for many writers' hosts and long-lived runs."""
+
+    _paramstyle = "%s"
+
+    def __init__(self, url: str, *, create: bool = False, registry: Registry = EVENTS):
+        u = sa.engine.make_url(url)
+        if u.drivername in ("postgresql", "postgres"):
+            u = u.set(drivername="postgresql+psycopg")
+        self._conninfo = u.set(drivername="postgresql").render_as_string(hide_password=False)
+        engine = sa.create_engine(u, pool_pre_ping=True, connect_args={"options": "-c synchronous_commit=on"})
+        self._listener = None
+        try:
+            super().__init__(u.render_as_string(hide_password=False), engine, engine, create=create, registry=registry)
+        except LedgerError:
+            engine.dispose()
+            raise
+
+    def _allow_foreign_tables(self) -> bool:
+        return True  # a PostgreSQL database is shared with other applications' tables
+
+    def _lock_run(self, conn: sa.Connection, run_id: str) -> int:
+        row = conn.execute(
+            sa.select(runs_table.c.writer_epoch).where(runs_table.c.run_id == run_id).with_for_update()
+        ).first()
+        if row is None:
+            raise RunNotFound(run_id, self.runs())
+        return int(row[0])
+
+    def _after_append(self, conn: sa.Connection, run_id: str) -> None:
+        conn.execute(sa.select(sa.func.pg_notify(NOTIFY_CHANNEL, run_id)))
+
+    def _wait(self, run_id: str, after_seq: int, timeout: float) -> None:
+        import psycopg
+
+        if self._listener is None:
+            self._listener = psycopg.connect(self._conninfo, autocommit=True)
+            self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        for n in self._listener.notifies(timeout=timeout, stop_after=1):
+            if n.payload == run_id:
+                return
+
+    def _size(self) -> dict:
+        with self._read_engine.connect() as conn:
+            n = conn.execute(sa.text("SELECT pg_total_relation_size('rlx_events')")).scalar()
+        return {"table_bytes": int(n or 0)}
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        super().close()

@@ -1,0 +1,325 @@
+"""The append-only event store: the interface every backend implements, and ``open_store``.
+
+Semantics (the same for every backend, checked by one contract test suite):
+
+- Each run has a gapless sequence ``seq = 1, 2, …``; ``head(run_id)`` is the last seq (0 when
+  empty) and its chain digest.
+- ``append(run_id, events, expected_seq=…, epoch=…)`` writes all events or none. It raises
+  ``AppendConflict`` when the head is not ``expected_seq`` and ``Fenced`` when ``epoch`` is not
+  the run's current writer epoch; in both cases nothing is written.
+- ``acquire_epoch(run_id)`` makes the caller the run's only writer (``writer_epoch += 1``): a
+  zombie writer holding an older epoch can no longer append.
+- Readers see only committed events, in seq order; ``follow`` tails new events as they commit.
+- ``verify`` recomputes the hash chain and decodes every body; ``repair`` cuts a torn tail back
+  to the last valid event and refuses corruption in the middle unless forced.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import threading
+import time
+from typing import Iterable, Iterator, Sequence
+
+from ledger import chain
+from ledger.codec import decode_body, encode_event
+from ledger.errors import CodecError, CorruptLedger, LedgerError, StoreUnavailable
+from ledger.events import EVENTS, Event, Registry
+
+RUN_LEDGER_FILE = "ledger.db"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RawRecord:
+    """A stored record exactly as kept: body bytes undecoded."""
+
+    run_id: str
+    seq: int
+    kind: str
+    version: int
+    body: bytes
+    digest: bytes
+    epoch: int
+    wall_time: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """A decoded event with its position, chain digest and the epoch of the writer."""
+
+    run_id: str
+    seq: int
+    event: Event
+    digest: bytes
+    epoch: int
+    wall_time: float
+
+    @property
+    def kind(self) -> str:
+        return self.event.KIND
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Head:
+    seq: int
+    digest: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """Result of ``verify`` for one run.
+
+    ``first_bad_seq`` is the first seq that is missing, unreadable, fails the chain or does not
+    decode; ``torn_tail`` is true when no valid event follows it (``repair`` may cut it).
+    """
+
+    run_id: str
+    events: int
+    head_seq: int
+    head_digest: str
+    ok: bool
+    first_bad_seq: int | None = None
+    reason: str | None = None
+    bad_seqs: tuple[int, ...] = ()
+    torn_tail: bool = False
+    last_good_seq: int = 0
+
+    def raise_if_bad(self) -> None:
+        if not self.ok:
+            raise CorruptLedger(self.run_id, self.first_bad_seq or 0, self.reason or "corrupt")
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairReport:
+    run_id: str
+    truncated_from: int | None
+    removed: int
+    head_seq: int
+
+
+class EventStore(abc.ABC):
+    """Interface and shared logic of the append-only stores."""
+
+    url: str
+    registry: Registry = EVENTS
+
+    # -- backend primitives --------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_run(self, run_id: str) -> None:
+        """Register a new, empty run with writer epoch 0 (``RunExists`` if present)."""
+
+    @abc.abstractmethod
+    def runs(self) -> list[str]:
+        """Run ids in this store, sorted."""
+
+    @abc.abstractmethod
+    def acquire_epoch(self, run_id: str) -> int:
+        """Increment and return the run's writer epoch, fencing every older writer."""
+
+    @abc.abstractmethod
+    def writer_epoch(self, run_id: str) -> int:
+        """The run's current writer epoch."""
+
+    @abc.abstractmethod
+    def head(self, run_id: str) -> Head:
+        """The last committed seq (0 for an empty run) and its digest."""
+
+    @abc.abstractmethod
+    def _append_encoded(
+        self, run_id: str, records: list[tuple[str, int, bytes]], expected_seq: int, epoch: int
+    ) -> Head:
+        """Atomically check epoch and head, chain and insert ``records``; return the new head."""
+
+    @abc.abstractmethod
+    def scan(self, run_id: str, from_seq: int = 1, to_seq: int | None = None) -> Iterator[RawRecord]:
+        """Raw committed records with ``from_seq <= seq <= to_seq`` in seq order."""
+
+    @abc.abstractmethod
+    def _truncate(self, run_id: str, from_seq: int) -> int:
+        """Delete records with ``seq >= from_seq``; return how many were removed."""
+
+    @abc.abstractmethod
+    def stats(self) -> dict:
+        """Events by kind, runs, bytes."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self) -> "EventStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- shared logic --------------------------------------------------------------------------
+
+    def append(self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int) -> Head:
+        """Append ``events`` after ``expected_seq`` as writer ``epoch``: all or nothing."""
+        if not events:
+            raise LedgerError("append needs at least one event")
+        records = [encode_event(ev) for ev in events]
+        return self._append_encoded(run_id, records, int(expected_seq), int(epoch))
+
+    def read(self, run_id: str, from_seq: int = 1, to_seq: int | None = None) -> Iterator[StoredEvent]:
+        """Decoded committed events from ``from_seq`` on, in seq order."""
+        reg = self.registry
+        for r in self.scan(run_id, from_seq, to_seq):
+            yield StoredEvent(
+                r.run_id, r.seq, decode_body(r.kind, r.version, r.body, reg), r.digest, r.epoch, r.wall_time
+            )
+
+    def events(self, run_id: str, from_seq: int = 1) -> list[Event]:
+        """The run's events (no envelope) from ``from_seq`` on."""
+        return [s.event for s in self.read(run_id, from_seq)]
+
+    def _wait(self, run_id: str, after_seq: int, timeout: float) -> None:
+        """Block up to ``timeout`` seconds or until events after ``after_seq`` may exist."""
+        time.sleep(timeout)
+
+    def follow(
+        self,
+        run_id: str,
+        from_seq: int = 1,
+        *,
+        poll_interval: float = 0.05,
+        stop: threading.Event | None = None,
+        idle_timeout: float | None = None,
+    ) -> Iterator[StoredEvent]:
+        """Tail the run: yield committed events from ``from_seq`` on as they arrive.
+
+        Ends when ``stop`` is set or after ``idle_timeout`` seconds without a new event.
+        Never skips an event: after every wake-up it re-reads from the last seq it yielded.
+        """
+        next_seq = from_seq
+        idle = 0.0
+        while stop is None or not stop.is_set():
+            got = False
+            for s in self.read(run_id, next_seq):
+                yield s
+                next_seq = s.seq + 1
+                got = True
+            if got:
+                idle = 0.0
+                continue
+            if idle_timeout is not None and idle >= idle_timeout:
+                return
+            self._wait(run_id, next_seq - 1, poll_interval)
+            idle += poll_interval
+
+    def verify(self, run_id: str) -> VerifyReport:
+        """Recompute the chain and decode every body of ``run_id``."""
+        prev = chain.GENESIS
+        expected = 1
+        count = 0
+        bad: list[tuple[int, str]] = []
+        last_good = 0
+        reg = self.registry
+        head_digest = prev
+        try:
+            for r in self.scan(run_id):
+                count += 1
+                if r.seq != expected:
+                    bad.append((expected, f"missing seq {expected} (next stored is {r.seq})"))
+                    expected = r.seq
+                if chain.link(prev, r.kind, r.version, r.body) != r.digest:
+                    bad.append((r.seq, "chain digest mismatch (body, kind, version or digest altered)"))
+                else:
+                    try:
+                        decode_body(r.kind, r.version, r.body, reg)
+                    except CodecError as e:
+                        bad.append((r.seq, f"undecodable body: {e}"))
+                    else:
+                        last_good = r.seq
+                prev = r.digest
+                head_digest = r.digest
+                expected = r.seq + 1
+        except LedgerError as e:
+            bad.append((expected, f"unreadable: {e}"))
+        if not bad:
+            return VerifyReport(run_id, count, expected - 1, head_digest.hex(), True, last_good_seq=last_good)
+        first, reason = bad[0]
+        return VerifyReport(
+            run_id,
+            count,
+            expected - 1,
+            head_digest.hex(),
+            False,
+            first_bad_seq=first,
+            reason=reason,
+            bad_seqs=tuple(s for s, _ in bad[:100]),
+            torn_tail=last_good < first,
+            last_good_seq=last_good,
+        )
+
+    def repair(self, run_id: str, *, force: bool = False) -> RepairReport:
+        """Cut a torn tail back to the last valid event.
+
+        Corruption followed by valid events is refused (``CorruptLedger``) unless ``force``, in
+        which case everything from the first bad seq on is removed.
+        """
+        report = self.verify(run_id)
+        if report.ok:
+            return RepairReport(run_id, None, 0, report.head_seq)
+        first = report.first_bad_seq
+        assert first is not None
+        if not report.torn_tail and not force:
+            raise CorruptLedger(
+                run_id,
+                first,
+                f"{report.reason}; valid events follow (up to seq {report.last_good_seq}), so this "
+                "is corruption in the middle, not a torn tail: refusing to repair without --force",
+            )
+        removed = self._truncate(run_id, first)
+        return RepairReport(run_id, first, removed, first - 1)
+
+
+def resolve_url(target: str | os.PathLike) -> str:
+    """A store URL from a URL, a SQLite file path or a run directory (``DIR/ledger.db``)."""
+    t = os.fspath(target)
+    if "://" in t or t == ":memory:":
+        return t
+    if os.path.isdir(t):
+        t = os.path.join(t, RUN_LEDGER_FILE)
+    return "sqlite:///" + os.path.abspath(t)
+
+
+ACCEPTED = "a SQLite file path, a run directory, sqlite:///PATH, postgresql://… or memory://"
+
+
+def open_store(target: str | os.PathLike, *, create: bool = False, registry: Registry = EVENTS) -> EventStore:
+    """Open the store at ``target`` ({accepted}).
+
+    With ``create=False`` a missing SQLite file is an error and nothing is created.
+    """
+    url = resolve_url(target)
+    scheme = url.split("://", 1)[0].lower() if "://" in url else url
+    if scheme in ("memory", ":memory:"):
+        from ledger.memory import MemoryStore
+
+        return MemoryStore(registry=registry)
+    if scheme == "sqlite":
+        from ledger.sql import SqliteStore
+
+        return SqliteStore(url, create=create, registry=registry)
+    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        from ledger.sql import PostgresStore
+
+        return PostgresStore(url, create=create, registry=registry)
+    raise StoreUnavailable(f"unsupported ledger URL scheme {scheme!r} in {url!r}; accepted: {ACCEPTED}")
+
+
+open_store.__doc__ = (open_store.__doc__ or "").format(accepted=ACCEPTED)
+
+
+def append_chain(prev: bytes, start_seq: int, records: Iterable[tuple[str, int, bytes]]) -> list[tuple[int, str, int, bytes, bytes]]:
+    """``(seq, kind, version, body, digest)`` rows chained after ``prev`` starting at ``start_seq``."""
+    out = []
+    seq = start_seq
+    for kind, version, body in records:
+        prev = chain.link(prev, kind, version, body)
+        out.append((seq, kind, version, body, prev))
+        seq += 1
+    return out
