@@ -8,21 +8,22 @@ head digest names the whole history.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 
 GENESIS = bytes(32)
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_sha256 = hashlib.sha256
+
+
+@functools.lru_cache(maxsize=1024)
+def _head(kind: str, version: int) -> bytes:
+    k = kind.encode("utf-8")
+    return _U32.pack(len(k)) + k + _U32.pack(version)
 
 
 def link(prev: bytes, kind: str, version: int, body: bytes) -> bytes:
     """The digest of one record given the digest of the record before it."""
-    k = kind.encode("utf-8")
-    h = hashlib.sha256(prev)
-    h.update(_U32.pack(len(k)))
-    h.update(k)
-    h.update(_U32.pack(version))
-    h.update(_U64.pack(len(body)))
-    h.update(body)
-    return h.digest()
+    return _sha256(prev + _head(kind, version) + _U64.pack(len(body)) + body).digest()

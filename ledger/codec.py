@@ -16,6 +16,7 @@ Numpy scalars encode as 0-d arrays and decode as 0-d arrays.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from typing import Any
 
@@ -125,11 +126,23 @@ def unpack(data: bytes) -> Any:
         raise CodecError(f"malformed msgpack body: {type(e).__name__}: {e}") from None
 
 
+@functools.lru_cache(maxsize=None)
+def _sorted_fields(cls: type) -> tuple[str, ...]:
+    return tuple(sorted(f.name for f in dataclasses.fields(cls)))
+
+
 def encode_body(ev: Event) -> bytes:
     """The canonical body bytes of an event (its fields as a sorted map)."""
-    if not dataclasses.is_dataclass(ev) or not isinstance(ev, Event):
+    if not isinstance(ev, Event) or not dataclasses.is_dataclass(ev):
         raise CodecError(f"not an event: {type(ev).__name__}")
-    return pack({f.name: getattr(ev, f.name) for f in dataclasses.fields(ev)})
+    body = {}
+    for name in _sorted_fields(type(ev)):
+        v = getattr(ev, name)
+        body[name] = v if type(v) in _SCALARS else canonical(v)
+    try:
+        return msgpack.packb(body, use_bin_type=True, use_single_float=False)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise CodecError(f"cannot encode {ev.KIND} event: {e}") from None
 
 
 def decode_body(kind: str, version: int, body: bytes, registry: Registry = EVENTS) -> Event:

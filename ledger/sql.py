@@ -312,7 +312,7 @@ class SqliteStore(_SqlStore):
         read_engine = self._make_engine(creator_url, "BEGIN")
         try:
             super().__init__("sqlite:///" + self.path, engine, read_engine, create=create, registry=registry)
-        except StoreUnavailable as e:
+        except LedgerError as e:
             engine.dispose()
             read_engine.dispose()
             if "file is not a database" in str(e):
