@@ -48,9 +48,10 @@ def _pack_array(a: np.ndarray) -> msgpack.ExtType:
     if a.dtype.hasobject or a.dtype.fields is not None:
         raise CodecError(f"cannot encode array of dtype {a.dtype}: only numeric and bool arrays")
     name = a.dtype.name.encode("ascii")
-    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
     head = bytes([len(name)]) + name + bytes([a.ndim]) + b"".join(_U64.pack(d) for d in a.shape)
-    return msgpack.ExtType(ARRAY_EXT, head + a.tobytes())
+    return msgpack.ExtType(ARRAY_EXT, head + a.tobytes(order="C"))
 
 
 def _unpack_array(data: bytes) -> np.ndarray:

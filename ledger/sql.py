@@ -354,8 +354,11 @@ class PostgresStore(_SqlStore):
         u = sa.engine.make_url(url)
         if u.drivername in ("postgresql", "postgres"):
             u = u.set(drivername="postgresql+psycopg")
+        # Durability is not left to the server's default: every session commits synchronously.
+        options = (u.query.get("options", "") + " -c synchronous_commit=on").strip()
+        u = u.update_query_dict({"options": options})
         self._conninfo = u.set(drivername="postgresql").render_as_string(hide_password=False)
-        engine = sa.create_engine(u, pool_pre_ping=True, connect_args={"options": "-c synchronous_commit=on"})
+        engine = sa.create_engine(u, pool_pre_ping=True)
         self._listener = None
         try:
             super().__init__(u.render_as_string(hide_password=False), engine, engine, create=create, registry=registry)
