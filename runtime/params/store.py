@@ -1,0 +1,350 @@
+"""The parameter server: versioned pytrees of arrays in TensorStore, one zarr3 array per leaf.
+
+``put`` writes a version's arrays under a fresh prefix, then publishes the version by writing
+its manifest last, on the condition that no manifest exists yet (see ``manifest.py`` for the
+layout). Readers list and read manifests only, so any number of them may run while a version
+is written, and a writer killed at any point leaves no half version: only unpublished data,
+invisible to readers and removed by ``sweep``. Every read checks every leaf against the
+sha256 recorded at publication.
+
+Concurrency contract: readers anywhere; one writer (the trainer's ``put``) and one retention
+caller (the controller's shell: ``pin``, ``unpin``, ``retain``, ``delete``, ``sweep``). ``sweep``
+must not run while a ``put`` is in flight, since it cannot tell in-flight data from a crash's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from runtime.params import manifest as layout
+from runtime.params.digest import canonical_leaves, combine, data_sha256, leaf_record
+from runtime.params.errors import DigestMismatch, ParamStoreError
+from runtime.params.location import Location, parse_location
+from runtime.params.manifest import Manifest, TreeManifest
+from runtime.params.retention import evictable
+from runtime.params.tree import describe, rebuild, rebuild_like
+
+# One context per process: ``memory://`` stores live in it, so every ParamStore of the process
+# opened on the same memory URL sees the same data (like a process-wide tmpfs).
+_PROCESS_CONTEXT = ts.Context()
+
+
+def _check_version(version: Any) -> int:
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+        raise ParamStoreError(f"version {version!r} is not accepted; versions are ints >= 0")
+    return int(version)
+
+
+def _describe_versions(versions: Sequence[int]) -> str:
+    if not versions:
+        return "the store is empty"
+    if len(versions) <= 12:
+        return "available: " + ", ".join(map(str, versions))
+    head, tail = ", ".join(map(str, versions[:3])), ", ".join(map(str, versions[-5:]))
+    return f"available: {head}, …, {tail} ({len(versions)} versions)"
+
+
+def _prefix_range(prefix: str) -> ts.KvStore.KeyRange:
+    return ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+
+
+def _tree_manifest(leaves: Sequence[tuple[str, np.ndarray]], structure: Any) -> TreeManifest:
+    records = tuple(leaf_record(path, array) for path, array in leaves)
+    return TreeManifest(combine(records), records, structure)
+
+
+class ParamStore:
+    """A versioned parameter store at one URL. Create with ``ParamStore.open``."""
+
+    def __init__(self, location: Location, context: ts.Context, kv: ts.KvStore) -> None:
+        self._location = location
+        self._context = context
+        self._kv = kv
+
+    @classmethod
+    def open(
+        cls, url: str, *, create: bool = False, context: ts.Context | None = None
+    ) -> ParamStore:
+        """Open the store at ``url`` (``file://``, ``memory://`` or a local path).
+
+        Args:
+            url: where the store lives; see ``runtime.params.location.parse_location``.
+            create: create a missing local directory instead of failing.
+            context: TensorStore context; the process-wide one by default.
+
+        Unpublished data of a crashed ``put`` is ignored; the single writer removes it with
+        ``sweep``.
+        """
+        location = parse_location(url)
+        directory = location.directory
+        if directory is not None and not os.path.isdir(directory):
+            if os.path.exists(directory):
+                raise ParamStoreError(f"parameter store path {directory} is not a directory")
+            if not create:
+                raise ParamStoreError(
+                    f"parameter store directory {directory} does not exist; "
+                    "create it or open with create=True"
+                )
+            os.makedirs(directory, exist_ok=True)
+        ctx = context if context is not None else _PROCESS_CONTEXT
+        kv = cls._await(ts.KvStore.open(location.kvstore(), context=ctx), f"opening {url}")
+        return cls(location, ctx, kv)
+
+    @property
+    def url(self) -> str:
+        return self._location.url
+
+    def __repr__(self) -> str:
+        return f"ParamStore({self.url!r})"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def versions(self) -> tuple[int, ...]:
+        """The published versions, ascending."""
+        names = self._list(layout.MANIFESTS)
+        return tuple(sorted(v for v in map(layout.parse_manifest_name, names) if v is not None))
+
+    def latest(self) -> int | None:
+        """The newest published version, or ``None`` if the store is empty."""
+        versions = self.versions()
+        return versions[-1] if versions else None
+
+    def manifest(self, version: int) -> Manifest:
+        """The manifest of a published version."""
+        version = _check_version(version)
+        raw = self._read_key(layout.manifest_key(version))
+        if raw is None:
+            raise ParamStoreError(
+                f"version {version} is not in the parameter store {self.url} "
+                f"({_describe_versions(self.versions())})"
+            )
+        return Manifest.decode(raw, version=version)
+
+    def digest(self, version: int) -> str:
+        """The digest of a version's parameters (``params_digest`` of what ``put`` got)."""
+        return self.manifest(version).digest
+
+    def get(self, version: int, *, like: Any = None) -> Any:
+        """The parameters of ``version``, with every leaf checked against its digest.
+
+        Args:
+            version: a published version.
+            like: optional template tree (arrays or ``jax.ShapeDtypeStruct`` leaves) whose
+                structure the result takes; by default the stored structure is rebuilt.
+
+        Returns:
+            The tree with numpy array leaves, bit-identical to what ``put`` was given.
+        """
+        return self._get_tree(self.manifest(version), "params", like)
+
+    def get_opt_state(self, version: int, *, like: Any = None) -> Any:
+        """The optimizer state stored with ``version``; ``like`` as in ``get``."""
+        manifest = self.manifest(version)
+        if manifest.opt_state is None:
+            raise ParamStoreError(f"version {version} was stored without optimizer state")
+        return self._get_tree(manifest, "opt_state", like)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def put(self, version: int, params: Any, opt_state: Any = None) -> str:
+        """Write and publish ``version``; returns its digest (``params_digest(params)``).
+
+        Versions are immutable: putting a version again with the same contents is a no-op
+        that returns the digest (so a retried step is harmless); different contents raise.
+        """
+        version = _check_version(version)
+        trees = {"params": canonical_leaves(params)}
+        params_tree = _tree_manifest(trees["params"], describe(params))
+        opt_tree = None
+        if opt_state is not None:
+            trees["opt_state"] = canonical_leaves(opt_state)
+            opt_tree = _tree_manifest(trees["opt_state"], describe(opt_state))
+        content = layout.content_id(params_tree.digest, opt_tree and opt_tree.digest)
+        data = layout.data_prefix(version, content)
+        manifest = Manifest(version, data, params_tree, opt_tree)
+
+        key = layout.manifest_key(version)
+        existing = self._await(self._kv.read(key), f"reading {key}")
+        if existing.state == "value":
+            return self._same_or_raise(manifest, existing.value)
+        self._write_key(layout.pending_key(data), b"")
+        for name, tree_leaves in trees.items():
+            self._write_arrays(data, name, tree_leaves)
+        stamp = self._await(
+            self._kv.write(key, manifest.encode(), if_equal=existing.stamp.generation),
+            f"publishing version {version}",
+        )
+        if not stamp.generation:  # another writer published this version first
+            return self._same_or_raise(manifest, self._read_key(key) or b"")
+        self._write_key(layout.pending_key(data), None)
+        return manifest.digest
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def pin(self, version: int) -> None:
+        """Keep ``version`` through every ``retain`` until ``unpin``; idempotent."""
+        self.manifest(version)
+        self._write_key(layout.pin_key(_check_version(version)), b"")
+
+    def unpin(self, version: int) -> None:
+        """Let retention evict ``version`` again; unpinning an unpinned version is a no-op."""
+        self._write_key(layout.pin_key(_check_version(version)), None)
+
+    def pinned(self) -> tuple[int, ...]:
+        """The pinned versions, ascending."""
+        names = self._list(layout.PINS)
+        return tuple(sorted(v for v in map(layout.parse_pin_name, names) if v is not None))
+
+    def retain(self, *, keep_newest: int, keep: Iterable[int] = ()) -> tuple[int, ...]:
+        """Evict every version but the ``keep_newest`` newest, the pinned and ``keep``.
+
+        Returns:
+            The evicted versions, ascending.
+        """
+        protected = set(self.pinned()) | {_check_version(v) for v in keep}
+        doomed = evictable(self.versions(), keep_newest=keep_newest, pinned=protected)
+        for version in doomed:
+            self._evict(self.manifest(version))
+        return doomed
+
+    def delete(self, version: int) -> None:
+        """Remove an unpinned version."""
+        version = _check_version(version)
+        if version in self.pinned():
+            raise ParamStoreError(f"version {version} is pinned; unpin it before deleting it")
+        self._evict(self.manifest(version))
+
+    def sweep(self) -> tuple[str, ...]:
+        """Remove data that no manifest publishes (left by a killed ``put`` or eviction).
+
+        Returns:
+            The removed data prefixes. Call only while no ``put`` is in flight.
+        """
+        removed = []
+        for name in self._list(layout.PENDING):
+            parsed = layout.parse_pending_name(name)
+            if parsed is None:
+                continue
+            version, data = parsed
+            raw = self._read_key(layout.manifest_key(version))
+            if raw is None or Manifest.decode(raw, version=version).data != data:
+                self._delete_prefix(data)
+                removed.append(data)
+            self._write_key(layout.PENDING + name, None)
+        return tuple(sorted(removed))
+
+    # -- internals ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _await(future: Any, what: str) -> Any:
+        try:
+            return future.result()
+        except ValueError as e:
+            raise ParamStoreError(f"{what}: {e}") from e
+
+    def _read_key(self, key: str) -> bytes | None:
+        result = self._await(self._kv.read(key), f"reading {key} in {self.url}")
+        return result.value if result.state == "value" else None
+
+    def _write_key(self, key: str, value: bytes | None) -> None:
+        self._await(self._kv.write(key, value), f"writing {key} in {self.url}")
+
+    def _list(self, prefix: str) -> list[str]:
+        future = self._kv.list(_prefix_range(prefix), strip_prefix_length=len(prefix))
+        return [key.decode() for key in self._await(future, f"listing {prefix} in {self.url}")]
+
+    def _array_spec(self, key: str) -> dict[str, Any]:
+        return {"driver": "zarr3", "kvstore": self._location.kvstore(key)}
+
+    def _write_arrays(self, data: str, tree: str, leaves: Sequence[tuple[str, np.ndarray]]) -> None:
+        opening = [
+            ts.open(
+                self._array_spec(layout.leaf_key(data, tree, path)),
+                create=True,
+                open=True,
+                dtype=ts.dtype(array.dtype.name),
+                shape=array.shape,
+                context=self._context,
+            )
+            for path, array in leaves
+        ]
+        what = f"writing {tree} under {data} in {self.url}"
+        writes = [self._await(f, what).write(a) for f, (_, a) in zip(opening, leaves)]
+        for write in writes:
+            self._await(write, what)
+
+    def _get_tree(self, manifest: Manifest, tree: str, like: Any) -> Any:
+        arrays = self._read_arrays(manifest, tree)
+        if like is not None:
+            return rebuild_like(like, arrays)
+        return rebuild(manifest.tree(tree).structure, arrays)
+
+    def _read_arrays(self, manifest: Manifest, tree: str) -> dict[str, np.ndarray]:
+        records = manifest.tree(tree).leaves
+        specs = [self._array_spec(layout.leaf_key(manifest.data, tree, r.path)) for r in records]
+        try:
+            opened = [ts.open(spec, open=True, context=self._context) for spec in specs]
+            reads = [future.result().read() for future in opened]
+            arrays = [read.result() for read in reads]
+        except ValueError as e:
+            gone = self._read_key(layout.manifest_key(manifest.version)) is None
+            reason = "it was deleted while being read" if gone else f"its data is unreadable: {e}"
+            raise ParamStoreError(
+                f"cannot read {tree} of version {manifest.version} from {self.url}: {reason}"
+            ) from e
+        for record, array in zip(records, arrays):
+            if (
+                array.dtype.name != record.dtype
+                or array.shape != record.shape
+                or data_sha256(array) != record.sha256
+            ):
+                raise DigestMismatch(
+                    f"version {manifest.version}: {tree} leaf {record.path!r} does not match "
+                    f"its recorded digest (stored {array.dtype.name}{list(array.shape)}, "
+                    f"recorded {record.dtype}{list(record.shape)} sha256 {record.sha256[:16]}…)",
+                    version=manifest.version,
+                    leaf=record.path,
+                )
+        return {record.path: array for record, array in zip(records, arrays)}
+
+    def _same_or_raise(self, manifest: Manifest, raw: bytes) -> str:
+        stored = Manifest.decode(raw, version=manifest.version)
+        stored_opt = stored.opt_state and stored.opt_state.digest
+        new_opt = manifest.opt_state and manifest.opt_state.digest
+        if stored.digest != manifest.digest or stored_opt != new_opt:
+            raise ParamStoreError(
+                f"version {manifest.version} already exists in {self.url} with digest "
+                f"{stored.digest} (optimizer state {stored_opt}); versions are immutable and "
+                f"this put has digest {manifest.digest} (optimizer state {new_opt})"
+            )
+        return stored.digest
+
+    def _evict(self, manifest: Manifest) -> None:
+        # Marker first, manifest next, data last: a crash anywhere leaves sweepable data.
+        self._write_key(layout.pending_key(manifest.data), b"")
+        self._write_key(layout.manifest_key(manifest.version), None)
+        self._delete_prefix(manifest.data)
+        self._write_key(layout.pending_key(manifest.data), None)
+
+    def _delete_prefix(self, data: str) -> None:
+        self._await(self._kv.delete_range(_prefix_range(data)), f"deleting {data} in {self.url}")
+        directory = self._location.directory
+        if directory is None:
+            return
+        # The file driver leaves empty directories behind; nothing else writes under ``data``.
+        top = os.path.join(directory, data)
+        for dirpath, _, _ in os.walk(top, topdown=False):
+            _remove_empty_dir(dirpath)
+        _remove_empty_dir(os.path.dirname(top.rstrip("/")))
+
+
+def _remove_empty_dir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass  # not empty, or already gone
