@@ -1,0 +1,122 @@
+"""Typed configuration of the decoder (Llama / Qwen2 family)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from runtime.errors import UsageError
+
+ARCHITECTURES = ("llama", "qwen2")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a decoder-only transformer.
+
+    RMSNorm, rotary position embeddings, grouped-query attention (``num_heads`` a multiple of
+    ``num_kv_heads``), SwiGLU MLP. ``architecture`` names the Hugging Face family the weights are
+    exchanged with: ``"llama"`` (``LlamaForCausalLM``) or ``"qwen2"`` (``Qwen2ForCausalLM``,
+    which always has q/k/v biases). ``dtype`` is the compute dtype, ``param_dtype`` the dtype the
+    parameters are stored and trained in; norms, softmax and logits are always float32.
+
+    The config is hashable, so it can be a static argument of ``jax.jit``.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    max_position_embeddings: int = 2048
+    architecture: str = "llama"
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+            "intermediate_size", "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise UsageError(f"model config {name}={value!r}: must be a positive integer")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise UsageError(
+                    f"model config hidden_size={self.hidden_size} is not a multiple of "
+                    f"num_heads={self.num_heads}; set head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
+            raise UsageError(
+                f"model config head_dim={self.head_dim!r}: must be a positive even integer"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise UsageError(
+                f"model config num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.architecture not in ARCHITECTURES:
+            raise UsageError(
+                f"model config architecture={self.architecture!r}: accepted: "
+                f"{', '.join(ARCHITECTURES)}"
+            )
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise UsageError(
+                    f"model config {name}={getattr(self, name)!r}: accepted: {', '.join(DTYPES)}"
+                )
+        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
+            raise UsageError(
+                f"model config rope_theta={self.rope_theta!r}, rms_norm_eps="
+                f"{self.rms_norm_eps!r}: both must be positive"
+            )
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            ids = value if isinstance(value, tuple) else (value,)
+            if any(
+                i is not None and (not isinstance(i, int) or not 0 <= i < self.vocab_size)
+                for i in ids
+            ):
+                raise UsageError(
+                    f"model config {name}={value!r}: token ids must be in [0, {self.vocab_size})"
+                )
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def parameter_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def attention_scale(self) -> float:
+        """``1 / sqrt(head_dim)``, applied once to the attention scores."""
+        return float(self.head_dim) ** -0.5
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The end-of-sequence ids as a tuple (empty when unset)."""
+        if self.eos_token_id is None:
+            return ()
+        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)

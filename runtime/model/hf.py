@@ -1,0 +1,140 @@
+"""Reading and writing Hugging Face model directories (the I/O around ``hf_convert``).
+
+A directory holds ``config.json``, the weights as ``model.safetensors`` or as shards listed by
+``model.safetensors.index.json``, and optionally ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+from safetensors import safe_open
+from safetensors.flax import save_file
+from tokenizers import Tokenizer
+
+from runtime.errors import UsageError
+from runtime.model.hf_convert import config_from_hf, config_to_hf, params_from_hf, params_to_hf
+from runtime.model.model import Model
+from runtime.model.tokenizer import BOS, EOS, PAD, UNK
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILE = "tokenizer.json"
+DEFAULT_SHARD_BYTES = 5 * 2**30
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path} is not valid JSON: {e}") from e
+
+
+def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
+    single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UsageError(f"{index} has no 'weight_map' object")
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise UsageError(f"{directory}: shards listed in {INDEX_FILE} are missing: {', '.join(absent)}")
+    else:
+        raise UsageError(f"{directory}: no weights found; expected {WEIGHTS_FILE} or {INDEX_FILE}")
+    tensors = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="flax") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise UsageError(f"{file} could not be read as safetensors: {e}") from e
+    return tensors
+
+
+def load_hf(path: str | os.PathLike, **overrides: Any) -> Model:
+    """Load a local Hugging Face Llama or Qwen2 checkpoint directory.
+
+    Args:
+      path: the directory.
+      **overrides: ``ModelConfig`` fields to set, e.g. ``dtype="bfloat16"``; parameters are cast
+        to ``param_dtype`` (float32 unless overridden).
+
+    Returns:
+      A ``Model`` with ``.config``, ``.params`` and ``.tokenizer`` (None without tokenizer.json).
+
+    Raises:
+      UsageError: the directory, its config or some weights are missing, or the architecture is
+        not supported.
+    """
+    directory = pathlib.Path(path)
+    if not directory.is_dir():
+        raise UsageError(f"model path {str(path)!r} is not a directory")
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise UsageError(f"{directory}: missing {CONFIG_FILE}")
+    config = config_from_hf(_read_json(config_path), source=str(config_path), **overrides)
+    params = params_from_hf(_read_tensors(directory), config, source=str(directory))
+    tokenizer_path = directory / TOKENIZER_FILE
+    tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path.is_file() else None
+    return Model(config, params, tokenizer)
+
+
+def _tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:
+    """``tokenizer_config.json`` so that ``AutoTokenizer`` wraps ``tokenizer.json``."""
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    for key, token in (("bos_token", BOS), ("eos_token", EOS), ("pad_token", PAD), ("unk_token", UNK)):
+        if tokenizer.token_to_id(token) is not None:
+            config[key] = token
+    return config
+
+
+def save_hf(
+    path: str | os.PathLike, model: Model, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> None:
+    """Write ``model`` as a Hugging Face directory that Transformers loads.
+
+    Weights larger than ``max_shard_bytes`` are split into ``model-0000i-of-0000n.safetensors``
+    shards with an index, as Transformers does.
+    """
+    if max_shard_bytes <= 0:
+        raise UsageError(f"max_shard_bytes={max_shard_bytes}: must be positive")
+    directory = pathlib.Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")
+    tensors = params_to_hf(model.params, model.config)
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].size * tensors[name].dtype.itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += nbytes
+    for stale in [directory / WEIGHTS_FILE, directory / INDEX_FILE, *directory.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(directory / WEIGHTS_FILE), metadata=metadata)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(directory / name), metadata=metadata)
+            weight_map.update({tensor: name for tensor in shard})
+        total = sum(t.size * t.dtype.itemsize for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    if model.tokenizer is not None:
+        model.tokenizer.save(str(directory / TOKENIZER_FILE))
+        (directory / "tokenizer_config.json").write_text(
+            json.dumps(_tokenizer_config(model.tokenizer), indent=2) + "\n"
+        )

@@ -1,0 +1,209 @@
+"""Pure conversions between Hugging Face checkpoints and ``ModelConfig`` + flax parameters.
+
+Covers ``LlamaForCausalLM`` and ``Qwen2ForCausalLM``. A Hugging Face ``Linear`` weight is
+``[out, in]``; a flax ``Dense`` kernel is ``[in, out]``: kernels are transposed, everything else
+(embeddings, norm scales, biases) is copied. ``source`` arguments only name the checkpoint in
+error messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from runtime.errors import UsageError
+from runtime.model.config import ARCHITECTURES, ModelConfig
+from runtime.model.transformer import init_params
+
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Buffers some checkpoints carry that hold no learned state.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def _rope_theta(hf: Mapping[str, Any], source: str) -> float:
+    """``rope_theta`` from a Transformers 4 (``rope_theta``/``rope_scaling``) or 5 config."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise UsageError(
+            f"{source}: rope type {rope_type!r} is not supported; accepted: 'default' "
+            "(plain rotary embeddings with rope_theta)"
+        )
+    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def config_from_hf(
+    hf: Mapping[str, Any], *, source: str = "config.json", **overrides: Any
+) -> ModelConfig:
+    """A ``ModelConfig`` from a Hugging Face ``config.json`` dict; ``overrides`` win (e.g. dtype)."""
+    arch = hf.get("model_type")
+    if arch not in ARCHITECTURES:
+        raise UsageError(
+            f"{source}: model_type {arch!r} is not supported; accepted: {', '.join(ARCHITECTURES)}"
+        )
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UsageError(f"{source}: hidden_act {hf['hidden_act']!r} is not supported; accepted: 'silu'")
+    if hf.get("mlp_bias", False):
+        raise UsageError(f"{source}: mlp_bias=true is not supported; accepted: false")
+    if hf.get("use_sliding_window", False):
+        raise UsageError(f"{source}: use_sliding_window=true is not supported; accepted: false")
+    missing = [
+        k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads") if k not in hf
+    ]
+    if missing:
+        raise UsageError(f"{source}: missing required fields {', '.join(missing)}")
+    if arch == "qwen2":
+        qkv_bias, o_bias = True, False
+    else:
+        qkv_bias = o_bias = bool(hf.get("attention_bias", False))
+    fields = dict(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        head_dim=hf.get("head_dim"),
+        rope_theta=_rope_theta(hf, source),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        architecture=arch,
+        initializer_range=float(hf.get("initializer_range", 0.02)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=hf.get("eos_token_id"),
+        pad_token_id=hf.get("pad_token_id"),
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` dict Transformers 4 and 5 load as the same architecture."""
+    c = config
+    if c.architecture == "qwen2" and (not c.qkv_bias or c.o_bias):
+        raise UsageError(
+            f"qwen2 needs qkv_bias=True and o_bias=False, got {c.qkv_bias} and {c.o_bias}"
+        )
+    if c.architecture == "llama" and c.qkv_bias != c.o_bias:
+        raise UsageError(
+            f"llama biases q/k/v and o together; got qkv_bias={c.qkv_bias}, o_bias={c.o_bias}"
+        )
+    eos = list(c.eos_token_id) if isinstance(c.eos_token_id, tuple) else c.eos_token_id
+    hf = {
+        "architectures": [HF_ARCHITECTURES[c.architecture]],
+        "model_type": c.architecture,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "initializer_range": c.initializer_range,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": eos,
+        "pad_token_id": c.pad_token_id,
+        "torch_dtype": c.param_dtype,
+        "use_cache": True,
+    }
+    if c.architecture == "llama":
+        hf.update(attention_bias=c.qkv_bias, mlp_bias=False)
+    else:
+        hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=c.num_layers)
+    return hf
+
+
+def _layout(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Hugging Face tensor name -> (flax parameter path, transposed?)."""
+    table: dict[str, tuple[tuple[str, ...], bool]] = {
+        "model.embed_tokens.weight": (("embed_tokens", "embedding"), False),
+        "model.norm.weight": (("norm", "scale"), False),
+    }
+    if not config.tie_word_embeddings:
+        table["lm_head.weight"] = (("lm_head", "kernel"), True)
+    for i in range(config.num_layers):
+        hf, ours = f"model.layers.{i}.", f"layers_{i}"
+        table[hf + "input_layernorm.weight"] = ((ours, "input_layernorm", "scale"), False)
+        table[hf + "post_attention_layernorm.weight"] = (
+            (ours, "post_attention_layernorm", "scale"), False)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            table[hf + f"self_attn.{proj}.weight"] = ((ours, "self_attn", proj, "kernel"), True)
+        if config.qkv_bias:
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                table[hf + f"self_attn.{proj}.bias"] = ((ours, "self_attn", proj, "bias"), False)
+        if config.o_bias:
+            table[hf + "self_attn.o_proj.bias"] = ((ours, "self_attn", "o_proj", "bias"), False)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            table[hf + f"mlp.{proj}.weight"] = ((ours, "mlp", proj, "kernel"), True)
+    return table
+
+
+def _get(tree: Mapping, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def params_from_hf(
+    tensors: Mapping[str, Any], config: ModelConfig, *, source: str = "checkpoint"
+) -> dict:
+    """Flax parameters (in ``config.param_dtype``) from Hugging Face tensors by name."""
+    layout = _layout(config)
+    missing = sorted(set(layout) - set(tensors))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise UsageError(f"{source}: missing weights {shown}")
+    unexpected = sorted(
+        name for name in set(tensors) - set(layout)
+        if not name.endswith(_IGNORED_SUFFIXES)
+        and not (name == "lm_head.weight" and config.tie_word_embeddings)
+    )
+    if unexpected:
+        raise UsageError(
+            f"{source}: unexpected weights {', '.join(unexpected[:5])} for a "
+            f"{config.architecture} model (unsupported architecture variant?)"
+        )
+    shapes = jax.eval_shape(lambda: init_params(config, key=jax.random.key(0)))
+    params: dict = {}
+    for name, (path, transposed) in layout.items():
+        value = jnp.asarray(tensors[name])
+        if transposed:
+            value = value.T
+        expected = _get(shapes, path).shape
+        if value.shape != expected:
+            raise UsageError(
+                f"{source}: weight {name} has shape {tuple(tensors[name].shape)}, the config "
+                f"implies {expected[::-1] if transposed else expected}"
+            )
+        _set(params, path, value.astype(config.parameter_dtype))
+    return params
+
+
+def params_to_hf(params: Mapping, config: ModelConfig) -> dict[str, np.ndarray | jax.Array]:
+    """Hugging Face tensors by name from flax parameters (contiguous, in the parameters' dtype)."""
+    out = {}
+    for name, (path, transposed) in _layout(config).items():
+        value = jnp.asarray(_get(params, path))
+        out[name] = jnp.array(value.T if transposed else value, copy=True)
+    return out

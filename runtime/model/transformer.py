@@ -1,0 +1,250 @@
+"""The decoder and its three forward paths: full sequence, paged prefill, paged decode.
+
+All three are pure functions of ``(params, inputs, config)`` over the same parameters and the same
+layer code; they differ only in how a layer attends:
+
+- ``forward``: dense causal attention over a padded batch (training, log-prob recomputation).
+- ``prefill``: a batch of prompts starting at position 0, padded to a common length; dense causal
+  attention over the prompt, and every valid token's keys/values written to its pages.
+- ``decode``: one new token per slot; its keys/values are written to its page, then it attends over
+  everything cached (paged attention).
+
+``params`` is the flax parameter tree without the ``{"params": ...}`` wrapper. The KV cache is a
+``KVCache`` of per-layer page arrays in the layout of ``kernels.paged_attention``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from kernels.attention import causal_mask, dense_attention
+from kernels.kv_pages import write_pages
+from kernels.paged_attention import paged_attention
+from runtime.model.config import ModelConfig
+from runtime.model.layers import Attend, DecoderLayer, RMSNorm, weight_init
+
+
+class KVCache(NamedTuple):
+    """Paged keys and values, one ``[num_kv_heads, total_pages, page_size, head_dim]`` per layer."""
+
+    k_pages: tuple[jax.Array, ...]
+    v_pages: tuple[jax.Array, ...]
+
+    @property
+    def page_size(self) -> int:
+        return self.k_pages[0].shape[2]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_pages[0].shape[1]
+
+    @property
+    def bytes_per_page(self) -> int:
+        """Bytes one physical page takes over all layers, keys and values."""
+        pages = self.k_pages + self.v_pages
+        return sum(p.dtype.itemsize * p[:, 0].size for p in pages)
+
+
+def init_cache(
+    config: ModelConfig, *, num_pages: int, page_size: int, dtype: str | None = None
+) -> KVCache:
+    """A zero-filled cache of ``num_pages`` pages of ``page_size`` tokens (dtype: the compute dtype)."""
+    shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
+    dt = jnp.dtype(dtype or config.dtype)
+    return KVCache(
+        k_pages=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
+        v_pages=tuple(jnp.zeros(shape, dt) for _ in range(config.num_layers)),
+    )
+
+
+class Transformer(nn.Module):
+    """Embedding, ``num_layers`` decoder layers, final RMSNorm, LM head (or tied embedding)."""
+
+    config: ModelConfig
+
+    def setup(self):
+        c = self.config
+        self.embed_tokens = nn.Embed(
+            c.vocab_size, c.hidden_size, dtype=c.compute_dtype, param_dtype=c.parameter_dtype,
+            embedding_init=weight_init(c),
+        )
+        self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
+        self.norm = RMSNorm(c)
+        if not c.tie_word_embeddings:
+            self.lm_head = nn.Dense(
+                c.vocab_size, use_bias=False, dtype=c.compute_dtype,
+                param_dtype=c.parameter_dtype, kernel_init=weight_init(c),
+            )
+
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        attends: Sequence[Attend],
+        select_B: jax.Array | None = None,
+    ) -> tuple[jax.Array, list[object]]:
+        """Float32 logits ``[B, T, V]`` (or ``[B, V]`` at ``select_B``) and each layer's state."""
+        h_BTD = self.embed_tokens(tokens_BT.astype(jnp.int32))
+        states = []
+        for layer, attend in zip(self.layers, attends, strict=True):
+            h_BTD, state = layer(h_BTD, positions_BT, attend)
+            states.append(state)
+        if select_B is not None:
+            h_BTD = jnp.take_along_axis(h_BTD, select_B[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+        h_BTD = self.norm(h_BTD)
+        if self.config.tie_word_embeddings:
+            logits = self.embed_tokens.attend(h_BTD)
+        else:
+            logits = self.lm_head(h_BTD)
+        return logits.astype(jnp.float32), states
+
+
+def init_params(config: ModelConfig, *, key: jax.Array) -> dict:
+    """Random parameters: normal(0, initializer_range) weights, unit norm scales, zero biases."""
+    tokens_BT = jnp.zeros((1, 1), jnp.int32)
+    attends = [_dense_attend(config, causal_mask(tokens_BT == 0))] * config.num_layers
+    return Transformer(config).init(key, tokens_BT, tokens_BT, attends)["params"]
+
+
+def _dense_attend(config: ModelConfig, mask_BTS: jax.Array) -> Attend:
+    def attend(q_BTHD, k_BTKD, v_BTKD):
+        return dense_attention(q_BTHD, k_BTKD, v_BTKD, mask_BTS, scale=config.attention_scale), None
+
+    return attend
+
+
+def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None):
+    return Transformer(config).apply({"params": params}, tokens_BT, positions_BT, attends, select_B)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def forward(
+    params: dict,
+    tokens_BT: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+) -> jax.Array:
+    """Full-sequence logits, float32 ``[B, T, vocab]``; ``logits[b, t]`` predicts token ``t + 1``.
+
+    ``attention_mask_BT`` (1 = real token, 0 = padding; default all ones) works for left- and
+    right-padded batches alike, as in Hugging Face: the position of a token is the number of real
+    tokens before it, and a query attends to real keys at or before it. Logits at padding
+    positions are finite but meaningless.
+    """
+    if attention_mask_BT is None:
+        attention_mask_BT = jnp.ones(tokens_BT.shape, bool)
+    valid_BT = attention_mask_BT.astype(bool)
+    positions_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0)
+    attends = [_dense_attend(config, causal_mask(valid_BT))] * config.num_layers
+    logits_BTV, _ = _apply(config, params, tokens_BT, positions_BT, attends)
+    return logits_BTV
+
+
+def _write_attend(k_pages, v_pages, positions_BT, page_indices_BP, valid_BT, attention) -> Attend:
+    def attend(q_BTHD, k_BTKD, v_BTKD):
+        new_k = write_pages(k_pages, k_BTKD, positions_BT, page_indices_BP, valid_BT)
+        new_v = write_pages(v_pages, v_BTKD, positions_BT, page_indices_BP, valid_BT)
+        return attention(q_BTHD, k_BTKD, v_BTKD, new_k, new_v), (new_k, new_v)
+
+    return attend
+
+
+def _collect(states) -> KVCache:
+    return KVCache(k_pages=tuple(k for k, _ in states), v_pages=tuple(v for _, v in states))
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def prefill(
+    params: dict,
+    tokens_BT: jax.Array,
+    lengths_B: jax.Array,
+    cache: KVCache,
+    page_indices_BP: jax.Array,
+    *,
+    config: ModelConfig,
+) -> tuple[jax.Array, KVCache]:
+    """Run prompts from position 0, write their keys/values, return the next-token logits.
+
+    Args:
+      tokens_BT: prompts right-padded to a common length ``T`` (e.g. a power-of-two bucket).
+      lengths_B: int32 number of real tokens of each prompt (``1 <= length <= T``; a row with
+        length 0 writes nothing and its logits are meaningless).
+      cache: the KV cache. DONATES cache.
+      page_indices_BP: the page table rows of these sequences; it must hold pages for positions
+        ``0 .. length - 1``.
+
+    Returns:
+      ``(logits_BV, cache)``: float32 logits at position ``length - 1`` (the distribution of the
+      first generated token) and the cache with positions ``0 .. length - 1`` written.
+    """
+    B, T = tokens_BT.shape
+    positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    valid_BT = positions_BT < lengths_B[:, None]
+    mask_BTS = causal_mask(valid_BT)
+
+    def attention(q_BTHD, k_BTKD, v_BTKD, k_pages, v_pages):
+        del k_pages, v_pages  # the prompt's own keys/values are all there is to attend to
+        return dense_attention(q_BTHD, k_BTKD, v_BTKD, mask_BTS, scale=config.attention_scale)
+
+    attends = [
+        _write_attend(k, v, positions_BT, page_indices_BP, valid_BT, attention)
+        for k, v in zip(cache.k_pages, cache.v_pages, strict=True)
+    ]
+    last_B = jnp.maximum(lengths_B - 1, 0)
+    logits_BV, states = _apply(config, params, tokens_BT, positions_BT, attends, last_B)
+    return logits_BV, _collect(states)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "attention_impl"), donate_argnames=("cache",)
+)
+def decode(
+    params: dict,
+    tokens_B: jax.Array,
+    positions_B: jax.Array,
+    cache: KVCache,
+    page_indices_BP: jax.Array,
+    *,
+    config: ModelConfig,
+    attention_impl: str = "reference",
+) -> tuple[jax.Array, KVCache]:
+    """One decode step for every slot of a fixed-size batch.
+
+    Args:
+      tokens_B: int32 the token fed to each slot (the last sampled one).
+      positions_B: int32 position of that token in its sequence, i.e. the number of tokens already
+        cached for the slot. A negative position marks an empty slot: nothing is written and its
+        logits are finite but meaningless.
+      cache: the KV cache. DONATES cache.
+      page_indices_BP: int32 page table, fixed width; it must hold a page for ``positions_B``.
+      attention_impl: ``"reference"`` (default), ``"pallas"`` or ``"pallas_interpret"``.
+
+    Returns:
+      ``(logits_BV, cache)``: float32 next-token logits and the cache with the new tokens written.
+      A slot's results depend only on its own inputs (batch invariance at a fixed batch shape).
+    """
+    active_B = positions_B >= 0
+    positions_B1 = positions_B[:, None]
+    lengths_B = jnp.where(active_B, positions_B + 1, 0).astype(jnp.int32)
+
+    def attention(q_BTHD, k_BTKD, v_BTKD, k_pages, v_pages):
+        del k_BTKD, v_BTKD  # read back from the cache, where they were just written
+        out_BHD = paged_attention(
+            q_BTHD[:, 0], k_pages, v_pages, lengths_B, page_indices_BP,
+            scale=config.attention_scale, impl=attention_impl,
+        )
+        return out_BHD[:, None]
+
+    attends = [
+        _write_attend(k, v, positions_B1, page_indices_BP, active_B[:, None], attention)
+        for k, v in zip(cache.k_pages, cache.v_pages, strict=True)
+    ]
+    logits_B1V, states = _apply(config, params, tokens_B[:, None], positions_B1, attends)
+    return logits_B1V[:, 0], _collect(states)
