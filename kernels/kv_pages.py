@@ -48,6 +48,7 @@ def write_pages(
     Returns:
       The updated pages (in place when the caller donates ``pages_KNSD`` under ``jit``).
     """
+    pages_KNSD = jnp.asarray(pages_KNSD)
     K, N, S, D = pages_KNSD.shape
     page_BT, slot_BT = page_slots(
         positions_BT, page_indices_BP, valid_BT, page_size=S, total_pages=N
