@@ -209,17 +209,26 @@ class EventStore(abc.ABC):
             self._wait(run_id, next_seq - 1, poll_interval)
             idle += poll_interval
 
-    def verify(self, run_id: str) -> VerifyReport:
-        """Recompute the chain and decode every body of ``run_id``."""
+    def verify(self, run_id: str, from_seq: int = 1) -> VerifyReport:
+        """Recompute the chain and decode every body of ``run_id``.
+
+        With ``from_seq > 1`` only the records from there on are checked, chained from the
+        stored digest of ``from_seq - 1`` (an incremental check of a log verified up to there).
+        """
         prev = chain.GENESIS
-        expected = 1
+        if from_seq > 1:
+            before = list(self.scan(run_id, from_seq - 1, from_seq - 1))
+            if not before:
+                raise LedgerError(f"cannot verify run {run_id!r} from seq {from_seq}: seq {from_seq - 1} is absent")
+            prev = before[0].digest
+        expected = from_seq
         count = 0
         bad: list[tuple[int, str]] = []
-        last_good = 0
+        last_good = from_seq - 1
         reg = self.registry
         head_digest = prev
         try:
-            for r in self.scan(run_id):
+            for r in self.scan(run_id, from_seq):
                 count += 1
                 if r.seq != expected:
                     bad.append((expected, f"missing seq {expected} (next stored is {r.seq})"))
