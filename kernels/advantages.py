@@ -138,9 +138,16 @@ def gae_advantages(
     dtype = jnp.promote_types(jnp.result_type(rewards_BT, values_BT), jnp.float32)
     rewards_BT = jnp.where(mask_BT, rewards_BT, 0.0).astype(dtype)
     values_BT = jnp.where(mask_BT, values_BT, 0.0).astype(dtype)
+    return _gae_scan(rewards_BT, values_BT, mask_BT, jnp.asarray(gamma, dtype),
+                     jnp.asarray(lam, dtype))
 
-    def step(carry_B2, column):
-        next_value_B, next_advantage_B = carry_B2
+
+@jax.jit
+def _gae_scan(rewards_BT, values_BT, mask_BT, gamma, lam):
+    """The masked backward recursion; γ and λ are traced so that new values do not recompile."""
+
+    def step(carry, column):
+        next_value_B, next_advantage_B = carry
         reward_B, value_B, valid_B = column
         delta_B = reward_B + gamma * next_value_B - value_B
         advantage_B = delta_B + gamma * lam * next_advantage_B
@@ -150,7 +157,7 @@ def gae_advantages(
         )
         return carry, jnp.where(valid_B, advantage_B, 0.0)
 
-    zeros_B = jnp.zeros(mask_BT.shape[0], dtype)
+    zeros_B = jnp.zeros(mask_BT.shape[0], rewards_BT.dtype)
     _, advantages_TB = jax.lax.scan(
         step, (zeros_B, zeros_B), (rewards_BT.T, values_BT.T, mask_BT.T), reverse=True
     )
