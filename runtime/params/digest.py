@@ -18,9 +18,11 @@ one stream) lets a reader name the leaf whose bytes went bad, and hashes each by
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,8 @@ from runtime.params.errors import ParamStoreError
 from runtime.params.tree import flatten
 
 DIGEST_DOMAIN = b"rlx.params.sha256.v1\n"
+
+_PARALLEL_BYTES = 8 << 20  # below this, thread start-up costs more than it saves
 
 SUPPORTED_DTYPES: tuple[str, ...] = (
     "bool",
@@ -109,9 +113,26 @@ def data_sha256(array: np.ndarray) -> str:
     return hashlib.sha256(array.reshape(-1).view(np.uint8)).hexdigest()
 
 
-def leaf_record(path: str, array: np.ndarray) -> LeafRecord:
-    """The record of a canonical array stored under ``path``."""
-    return LeafRecord(path, array.dtype.name, tuple(array.shape), data_sha256(array))
+def data_sha256s(arrays: Sequence[np.ndarray]) -> list[str]:
+    """``data_sha256`` of each array, hashed on several threads for large trees.
+
+    hashlib releases the GIL while hashing, so leaves hash in parallel; the result does not
+    depend on the number of threads.
+    """
+    if sum(a.nbytes for a in arrays) < _PARALLEL_BYTES or len(arrays) < 2:
+        return [data_sha256(a) for a in arrays]
+    workers = min(len(arrays), os.cpu_count() or 1, 8)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(data_sha256, arrays))
+
+
+def leaf_records(leaves: Sequence[tuple[str, np.ndarray]]) -> tuple[LeafRecord, ...]:
+    """The records of canonical arrays keyed by leaf path, in the given order."""
+    hashes = data_sha256s([array for _, array in leaves])
+    return tuple(
+        LeafRecord(path, array.dtype.name, tuple(array.shape), sha)
+        for (path, array), sha in zip(leaves, hashes)
+    )
 
 
 def combine(records: Iterable[LeafRecord]) -> str:
@@ -134,4 +155,4 @@ def params_digest(tree: Any) -> str:
 
     Works without a store: the trainer and replay use it to compare weights bit for bit.
     """
-    return combine(leaf_record(path, array) for path, array in canonical_leaves(tree))
+    return combine(leaf_records(canonical_leaves(tree)))

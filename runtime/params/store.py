@@ -22,7 +22,7 @@ import numpy as np
 import tensorstore as ts
 
 from runtime.params import manifest as layout
-from runtime.params.digest import canonical_leaves, combine, data_sha256, leaf_record
+from runtime.params.digest import canonical_leaves, combine, data_sha256s, leaf_records
 from runtime.params.errors import DigestMismatch, ParamStoreError
 from runtime.params.location import Location, parse_location
 from runtime.params.manifest import Manifest, TreeManifest
@@ -54,7 +54,7 @@ def _prefix_range(prefix: str) -> ts.KvStore.KeyRange:
 
 
 def _tree_manifest(leaves: Sequence[tuple[str, np.ndarray]], structure: Any) -> TreeManifest:
-    records = tuple(leaf_record(path, array) for path, array in leaves)
+    records = leaf_records(leaves)
     return TreeManifest(combine(records), records, structure)
 
 
@@ -297,12 +297,9 @@ class ParamStore:
             raise ParamStoreError(
                 f"cannot read {tree} of version {manifest.version} from {self.url}: {reason}"
             ) from e
-        for record, array in zip(records, arrays):
-            if (
-                array.dtype.name != record.dtype
-                or array.shape != record.shape
-                or data_sha256(array) != record.sha256
-            ):
+        hashes = data_sha256s(arrays)
+        for record, array, sha in zip(records, arrays, hashes):
+            if array.dtype.name != record.dtype or array.shape != record.shape or sha != record.sha256:
                 raise DigestMismatch(
                     f"version {manifest.version}: {tree} leaf {record.path!r} does not match "
                     f"its recorded digest (stored {array.dtype.name}{list(array.shape)}, "
