@@ -1,0 +1,96 @@
+"""Process bookkeeping of the sandbox: subreaping, orphan reaping, processes of a uid.
+
+The verifier makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) so that processes
+orphaned by a killed run are re-parented to it rather than to the host's init, and reaps them:
+an unreaped zombie still counts against its uid's ``RLIMIT_NPROC`` and would make the next run on
+that uid fail to fork (a false RE). Only orphans that belong to the sandbox are reaped (a sandbox
+uid, or a ``bwrap`` the sandbox did not start itself), so other children of this process, such as
+``subprocess.Popen`` workers, keep their exit statuses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper_lock = threading.Lock()
+_subreaper = False
+
+# Guards the window between spawning a process and recording it as ours, so that the orphan
+# reaper never collects the exit status of a process the sandbox is about to wait for.
+spawn_lock = threading.Lock()
+_own_pids: set[int] = set()
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (idempotent); False where the kernel refuses."""
+    global _subreaper
+    with _subreaper_lock:
+        if not _subreaper:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return _subreaper
+
+
+def register(pid: int) -> None:
+    """Record ``pid`` as a process the sandbox waits for itself (call under ``spawn_lock``)."""
+    _own_pids.add(pid)
+
+
+def unregister(pid: int) -> None:
+    with spawn_lock:
+        _own_pids.discard(pid)
+
+
+def _stat(pid: int) -> tuple[str, str, int] | None:
+    """(comm, state, ppid) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    comm_end = raw.rfind(")")
+    comm = raw[raw.find("(") + 1 : comm_end]
+    fields = raw[comm_end + 2 :].split()
+    return comm, fields[0], int(fields[1])
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def processes_of(uid: int) -> list[int]:
+    """Every process (zombies included) whose owner is ``uid``."""
+    return [pid for pid in _pids() if _uid_of(pid) == uid]
+
+
+def reap_orphans(sandbox_uids: range) -> int:
+    """Reap zombie children that the sandbox orphaned; returns how many were reaped."""
+    me = os.getpid()
+    reaped = 0
+    with spawn_lock:
+        for pid in _pids():
+            if pid in _own_pids:
+                continue
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            comm, state, ppid = stat
+            if ppid != me or state != "Z":
+                continue
+            if _uid_of(pid) in sandbox_uids or comm == "bwrap":
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                    reaped += 1
+                except ChildProcessError:
+                    pass
+    return reaped
