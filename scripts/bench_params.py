@@ -1,8 +1,9 @@
 """Parameter-store throughput: put and get of a ~50 MB pytree on file:// and memory://.
 
 Each put hashes and writes a new version of the parameters (no optimizer state), so MB/s is
-parameter bytes per second; each get reads the version back and checks every leaf's sha256. Reports the median of ``--repeats`` runs, and the
-throughput of ``params_digest`` alone (the hashing share of both). Last line: a JSON object.
+parameter bytes per second; each get reads the version back and checks every leaf's sha256.
+Reports medians over ``--repeats`` runs, and the throughput of ``params_digest`` alone (the
+hashing share of both). Last line: a JSON object.
 
     python scripts/bench_params.py [--mb 50] [--repeats 5] [--dir /tmp/somewhere]
 """

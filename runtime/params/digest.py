@@ -101,8 +101,7 @@ def canonical(path: str, array: Any) -> np.ndarray:
     array = np.asarray(array)
     if array.dtype.name not in SUPPORTED_DTYPES:
         raise ParamStoreError(
-            f"leaf {path!r} has dtype {array.dtype.name!r}; "
-            f"accepted: {', '.join(SUPPORTED_DTYPES)}"
+            f"leaf {path!r} has dtype {array.dtype.name!r}; accepted: {', '.join(SUPPORTED_DTYPES)}"
         )
     # np.asarray, not np.ascontiguousarray, which turns 0-d arrays into 1-d ones.
     return np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
@@ -131,7 +130,7 @@ def leaf_records(leaves: Sequence[tuple[str, np.ndarray]]) -> tuple[LeafRecord, 
     hashes = data_sha256s([array for _, array in leaves])
     return tuple(
         LeafRecord(path, array.dtype.name, tuple(array.shape), sha)
-        for (path, array), sha in zip(leaves, hashes)
+        for (path, array), sha in zip(leaves, hashes, strict=True)
     )
 
 

@@ -9,9 +9,10 @@ Layout under the store root (every key relative to it)::
     v{N}/{C}/opt_state/{leaf}/ one zarr3 array per optimizer-state leaf
 
 ``C`` is a content id (16 hex digits) of the parameter and optimizer-state digests, so two
-attempts to write different contents for one version never share arrays. The manifest is written last and only if absent
-(a conditional write), so a reader sees a version whole or not at all, and a crash mid-write
-leaves only data that no manifest names, which ``ParamStore.sweep`` removes.
+attempts to write different contents for one version never share arrays. The manifest is
+written last and only if absent (a conditional write), so a reader sees a version whole or not
+at all, and a crash mid-write leaves only data that no manifest names, which
+``ParamStore.sweep`` removes.
 """
 
 from __future__ import annotations

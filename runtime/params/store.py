@@ -14,6 +14,7 @@ must not run while a ``put`` is in flight, since it cannot tell in-flight data f
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -274,7 +275,7 @@ class ParamStore:
             for path, array in leaves
         ]
         what = f"writing {tree} under {data} in {self.url}"
-        writes = [self._await(f, what).write(a) for f, (_, a) in zip(opening, leaves)]
+        writes = [self._await(f, what).write(a) for f, (_, a) in zip(opening, leaves, strict=True)]
         for write in writes:
             self._await(write, what)
 
@@ -298,8 +299,12 @@ class ParamStore:
                 f"cannot read {tree} of version {manifest.version} from {self.url}: {reason}"
             ) from e
         hashes = data_sha256s(arrays)
-        for record, array, sha in zip(records, arrays, hashes):
-            if array.dtype.name != record.dtype or array.shape != record.shape or sha != record.sha256:
+        for record, array, sha in zip(records, arrays, hashes, strict=True):
+            if (
+                array.dtype.name != record.dtype
+                or array.shape != record.shape
+                or sha != record.sha256
+            ):
                 raise DigestMismatch(
                     f"version {manifest.version}: {tree} leaf {record.path!r} does not match "
                     f"its recorded digest (stored {array.dtype.name}{list(array.shape)}, "
@@ -307,7 +312,7 @@ class ParamStore:
                     version=manifest.version,
                     leaf=record.path,
                 )
-        return {record.path: array for record, array in zip(records, arrays)}
+        return {record.path: array for record, array in zip(records, arrays, strict=True)}
 
     def _same_or_raise(self, manifest: Manifest, raw: bytes) -> str:
         stored = Manifest.decode(raw, version=manifest.version)
@@ -341,7 +346,5 @@ class ParamStore:
 
 
 def _remove_empty_dir(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # not empty, or already gone
         os.rmdir(path)
-    except OSError:
-        pass  # not empty, or already gone

@@ -114,9 +114,10 @@ def _load_namedtuple(name: str, field_names: list[str]) -> type:
             f"cannot import the namedtuple class {name} of a stored tree ({e}); "
             "pass like= with a template tree instead"
         ) from e
-    if not (isinstance(obj, type) and issubclass(obj, tuple)) or list(
-        getattr(obj, "_fields", ())
-    ) != field_names:
+    if (
+        not (isinstance(obj, type) and issubclass(obj, tuple))
+        or list(getattr(obj, "_fields", ())) != field_names
+    ):
         raise ParamStoreError(
             f"{name} is not a namedtuple with fields {field_names}; "
             "pass like= with a template tree instead"
@@ -172,7 +173,7 @@ def rebuild_like(template: Any, arrays: Mapping[str, np.ndarray]) -> Any:
             f"leaves only in the template {missing[:5]}, only in the store {extra[:5]}"
         )
     leaves = []
-    for path, (_, leaf) in zip(wanted, key_paths):
+    for path, (_, leaf) in zip(wanted, key_paths, strict=True):
         stored = arrays[path]
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is not None and tuple(shape) != stored.shape:

@@ -70,7 +70,7 @@ def test_kill_9_during_put_leaves_only_complete_versions(tmp_path, processes):
             target=write_versions, args=(url, str(log), 0 if latest is None else latest + 1, 10**6)
         )
         proc.start()
-        wait_for(lambda: len(logged(log)) > before)  # the child is in its stream of puts
+        wait_for(lambda n=before: len(logged(log)) > n)  # the child is in its stream of puts
         time.sleep(rng.uniform(0.0, 0.06))
         proc.kill()
         proc.join()
@@ -95,9 +95,7 @@ def test_kill_9_during_put_leaves_only_complete_versions(tmp_path, processes):
     assert set(reopened.sweep()) == orphans
     published = {reopened.manifest(v).data for v in reopened.versions()}
     leftovers = {
-        f
-        for f in stored_files(root)
-        if not f.startswith(("manifests/", "pins/", *published))
+        f for f in stored_files(root) if not f.startswith(("manifests/", "pins/", *published))
     }
     assert leftovers == set()
     for version in reopened.versions():

@@ -76,7 +76,9 @@ leaves = st.builds(
     st.integers(0, 4),
     st.integers(0, 2**16),
 )
-nested = st.recursive(leaves, lambda children: st.dictionaries(keys, children, max_size=4), max_leaves=12)
+nested = st.recursive(
+    leaves, lambda children: st.dictionaries(keys, children, max_size=4), max_leaves=12
+)
 
 
 def reorder(tree, rng):

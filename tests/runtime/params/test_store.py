@@ -32,7 +32,7 @@ def bits(x) -> bytes:
 
 def assert_bit_exact(got, want) -> None:
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         assert isinstance(g, np.ndarray)
         assert bits(g) == bits(w)
 
@@ -138,7 +138,9 @@ class StoreContract:
             store.put(bad, {"w": np.zeros(1)})
 
     def test_unsupported_dtype_names_leaf(self, store):
-        with pytest.raises(ParamStoreError, match="leaf 'a/b' has dtype 'str32'; accepted: bool, int8"):
+        with pytest.raises(
+            ParamStoreError, match="leaf 'a/b' has dtype 'str32'; accepted: bool, int8"
+        ):
             store.put(0, {"a": {"b": np.array(["x"] * 10)}})
         assert store.versions() == ()
 

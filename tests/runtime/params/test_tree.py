@@ -74,15 +74,18 @@ def test_opaque_nodes_need_a_template():
     tree = {"od": collections.OrderedDict(b=np.ones(1), a=np.zeros(1))}
     structure = via_json(describe(tree))
     assert structure["items"][0][1] == {"kind": "opaque", "type": "collections:OrderedDict"}
-    with pytest.raises(ParamStoreError, match="OrderedDict node, which can only be restored with like="):
+    with pytest.raises(
+        ParamStoreError, match="OrderedDict node, which can only be restored with like="
+    ):
         rebuild(structure, dict(flatten(tree)))
     back = rebuild_like(tree, dict(flatten(tree)))
     assert type(back["od"]) is collections.OrderedDict and list(back["od"]) == ["b", "a"]
 
 
 def test_unimportable_namedtuple_needs_a_template():
-    Local = NamedTuple("Local", [("x", np.ndarray)])
-    Local.__qualname__ = "make.<locals>.Local"
+    class Local(NamedTuple):  # its qualified name holds "<locals>": no import can find it
+        x: np.ndarray
+
     tree = Local(np.ones(1))
     with pytest.raises(ParamStoreError, match="cannot import .*Local.*pass like="):
         rebuild(via_json(describe(tree)), dict(flatten(tree)))
@@ -115,4 +118,4 @@ def test_rebuild_restores_structure_and_leaves(tree):
     assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(tree)
     again = flatten(back)
     assert [p for p, _ in again] == [p for p, _ in pairs]
-    assert all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(again, pairs))
+    assert all(a.tobytes() == b.tobytes() for (_, a), (_, b) in zip(again, pairs, strict=True))
