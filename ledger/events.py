@@ -31,14 +31,36 @@ class Event:
     KIND: ClassVar[str]
     VERSION: ClassVar[int]
 
+    FIELDS: ClassVar[tuple[str, ...]]
+
     def fields(self) -> Body:
         """The event's fields as a dict, in declaration order (not a deep copy)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return _values_equal(self.fields(), other.fields())  # type: ignore[attr-defined]
+        return self.first_difference(other) is None  # type: ignore[arg-type]
+
+    def first_difference(self, other: "Event") -> str | None:
+        """The name of the first field (in declaration order) whose values differ, or None.
+
+        Values are compared as the codec stores them: arrays by dtype, shape and bytes, tuples
+        and lists alike, NaN equal to NaN. ``"KIND"`` when the events are of different kinds.
+        """
+        if type(other) is not type(self):
+            return "KIND"
+        for name in self.FIELDS:
+            a, b = getattr(self, name), getattr(other, name)
+            if a is b:
+                continue
+            ta = type(a)
+            if ta is type(b) and (ta is int or ta is str or ta is bool):
+                if a != b:
+                    return name
+            elif not _values_equal(a, b):
+                return name
+        return None
 
     def __hash__(self) -> int:
         from ledger.codec import encode_body
@@ -121,6 +143,7 @@ def event(kind: str, version: int = 1, registry: Registry = EVENTS) -> Callable[
         cls.KIND = kind
         cls.VERSION = version
         dc = dataclasses.dataclass(frozen=True, eq=False)(cls)
+        dc.FIELDS = tuple(f.name for f in dataclasses.fields(dc))
         registry.register(dc)
         return dc
 
@@ -176,16 +199,29 @@ class RunFinished(Event):
 
 @event("PromptsSampled")
 class PromptsSampled(Event):
-    """Prompts drawn for one batch: dataset indices, in the order their groups are requested."""
+    """Prompts drawn for new groups of one batch, in the order their groups are requested.
+
+    ``ordinal`` is the position of the first group among the groups requested for ``batch``
+    (0 for a batch's first draw; resampled groups continue the count). ``position`` is where the
+    first prompt sits in the run's prompt stream (one seeded shuffle of the dataset per
+    ``data_epoch``, concatenated), or -1 for a resample drawn from its own keyed stream.
+    """
 
     batch: int
     data_epoch: int
     prompt_indices: tuple
+    ordinal: int = 0
+    position: int = -1
 
 
 @event("RolloutRequested")
 class RolloutRequested(Event):
-    """One sample of a group is requested from ``policy_version`` with its own sampling seed."""
+    """One sample of a group is requested from ``policy_version`` with its own sampling seed.
+
+    ``batch`` is the batch the group is requested for and ``ordinal`` the group's position
+    among that batch's groups; the seed is a pure function of (run seed, batch, ordinal,
+    sample), so a request's content never depends on when it was made.
+    """
 
     rollout_id: int
     group_id: int
@@ -194,6 +230,7 @@ class RolloutRequested(Event):
     policy_version: int
     seed: int
     sampling: dict
+    ordinal: int = 0
 
 
 @event("RolloutAssigned")
@@ -221,10 +258,23 @@ class RolloutCompleted(Event):
 
 @event("RolloutAbandoned")
 class RolloutAbandoned(Event):
-    """A lease is given up (worker lost, lease expired, stale group); the request may be re-leased."""
+    """A lease is given up (its expiry was observed); the request goes back to the queue."""
 
     rollout_id: int
     attempt: int
+    reason: str
+
+
+@event("GroupDiscarded")
+class GroupDiscarded(Event):
+    """A group leaves the run without entering a batch; its late completions are rejected.
+
+    Reasons: ``uniform_reward`` (every sample got the same reward: no learning signal, DAPO
+    dynamic sampling), ``stale`` (freshest mode: its policy version fell behind the staleness
+    bound of the next batch).
+    """
+
+    group_id: int
     reason: str
 
 
@@ -274,22 +324,34 @@ class WeightsPublished(Event):
     parent_digest: str
 
 
+@event("VersionsRetired")
+class VersionsRetired(Event):
+    """The run no longer needs these parameter versions; the parameter store may evict them.
+
+    Never the newest version, a version an outstanding request was made from, or one a future
+    request or a resume needs (I5).
+    """
+
+    versions: tuple
+
+
 # --------------------------------------------------------------------------------------------
 # Workers
 
 
 @event("WorkerJoined")
 class WorkerJoined(Event):
-    """A worker of ``role`` (inference, verifier, trainer) became available."""
+    """A worker of ``role`` (inference, verifier, trainer) became available with ``slots`` leases."""
 
     worker_id: str
     role: str
     info: dict = dataclasses.field(default_factory=dict)
+    slots: int = 1
 
 
 @event("WorkerLost")
 class WorkerLost(Event):
-    """A worker is gone (lease expired, crashed, shut down); its leases are abandoned."""
+    """A worker is gone (stopped heartbeating, crashed, shut down); its leases go back to the queue."""
 
     worker_id: str
     reason: str

@@ -238,8 +238,8 @@ class _SqlStore(EventStore):
                 # every readable record before the first unreadable one.
                 with self._translate(f"read at seq {seq}"):
                     rows = self._chunk(run_id, seq, to_seq, 1)
-            for s, kind, version, body, digest, epoch, wall in rows:
-                yield RawRecord(run_id, int(s), kind, int(version), bytes(body), bytes(digest), int(epoch), float(wall))
+            for row in rows:  # both drivers return int, str, bytes and float as declared
+                yield RawRecord(run_id, *row)
             if len(rows) < _CHUNK and len(rows) != 1:
                 return
             if not rows:

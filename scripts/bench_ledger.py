@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""Ledger throughput: durable appends vs a raw sqlite3 baseline, and full-log verification.
+
+Appends go through the public API (``EventStore.append``: encode, chain, fence and head check,
+one ``BEGIN IMMEDIATE`` transaction per batch) on SQLite in WAL mode with synchronous=FULL. The
+baseline inserts the same pre-encoded rows into the same table layout with the stdlib
+``sqlite3`` driver, ``executemany`` in one ``BEGIN IMMEDIATE`` transaction per batch, at the
+same durability. Ledger and baseline alternate in short slices (so a change in machine load
+hits both alike) and each reports events over its own summed time.
+
+Usage: python scripts/bench_ledger.py [--slices 20] [--events 40000] [--postgres URL]
+The last line of output is a JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from ledger import RolloutAssigned, open_store  # noqa: E402
+from ledger.codec import encode_event  # noqa: E402
+
+BATCHES = (1, 10, 100, 1000)
+
+
+def small_events(n: int, start: int = 0) -> list[RolloutAssigned]:
+    return [RolloutAssigned(start + i, "inference-17", 0) for i in range(n)]
+
+
+class LedgerWriter:
+    """Appends through the public API into a fresh SQLite ledger (WAL, synchronous=FULL)."""
+
+    def __init__(self, path: str, batch: int):
+        self.store = open_store(path, create=True)
+        self.store.create_run("bench")
+        self.epoch = self.store.acquire_epoch("bench")
+        self.events = small_events(batch)
+        self.head = 0
+
+    def write(self, batches: int) -> None:
+        for _ in range(batches):
+            self.head = self.store.append("bench", self.events, expected_seq=self.head, epoch=self.epoch).seq
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class RawWriter:
+    """The same rows, pre-encoded, through stdlib sqlite3 executemany at the same durability."""
+
+    def __init__(self, path: str, batch: int):
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute(
+            "CREATE TABLE rlx_events (run_id TEXT, seq INTEGER, kind TEXT, version INTEGER, body BLOB,"
+            " digest BLOB, epoch INTEGER, wall_time REAL, PRIMARY KEY (run_id, seq)) WITHOUT ROWID"
+        )
+        self.encoded = [encode_event(e) for e in small_events(batch)]
+        self.seq = 0
+
+    def write(self, batches: int) -> None:
+        digest = bytes(32)
+        for _ in range(batches):
+            rows = [("bench", self.seq + i + 1, k, v, b, digest, 1, 0.0) for i, (k, v, b) in enumerate(self.encoded)]
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany("INSERT INTO rlx_events VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self.conn.execute("COMMIT")
+            self.seq += len(rows)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def bench_pair(tmp: str, batch: int, total: int, slices: int) -> tuple[float, float]:
+    """Ledger and baseline alternate in ``slices`` short slices, so load drift hits both alike."""
+    ledger = LedgerWriter(os.path.join(tmp, f"ledger-{batch}.db"), batch)
+    raw = RawWriter(os.path.join(tmp, f"raw-{batch}.db"), batch)
+    per_slice = max(1, total // batch // slices)
+    times = {"ledger": 0.0, "raw": 0.0}
+    for i in range(slices):
+        order = (("ledger", ledger), ("raw", raw)) if i % 2 == 0 else (("raw", raw), ("ledger", ledger))
+        for name, w in order:
+            t = time.perf_counter()
+            w.write(per_slice)
+            times[name] += time.perf_counter() - t
+    n = per_slice * slices * batch
+    ledger.close()
+    raw.close()
+    return n / times["ledger"], n / times["raw"]
+
+
+def bench_replay(path: str, n: int) -> dict:
+    with open_store(path, create=True) as store:
+        store.create_run("replay")
+        epoch = store.acquire_epoch("replay")
+        head = 0
+        for start in range(0, n, 1000):
+            head = store.append("replay", small_events(1000, start), expected_seq=head, epoch=epoch).seq
+        t = time.perf_counter()
+        report = store.verify("replay")  # read + chain + decode of every body
+        verify_s = time.perf_counter() - t
+        t = time.perf_counter()
+        count = sum(1 for _ in store.read("replay"))
+        read_s = time.perf_counter() - t
+    assert report.ok and report.events == n == count
+    return {"replay_eps": n / verify_s, "read_decode_eps": n / read_s, "replay_events": n}
+
+
+def bench_postgres(url: str, batch: int, total: int) -> float | None:
+    try:
+        import psycopg
+
+        admin = psycopg.connect(url, autocommit=True, connect_timeout=3)
+    except Exception as e:  # no server: report it, do not fail the benchmark
+        print(f"postgres: skipped ({str(e).strip().splitlines()[0]})", file=sys.stderr)
+        return None
+    schema = f"rlx_bench_{os.getpid()}"
+    admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        sep = "&" if "?" in url else "?"
+        with open_store(f"{url}{sep}options=-csearch_path%3D{schema}", create=True) as store:
+            store.create_run("bench")
+            epoch = store.acquire_epoch("bench")
+            evs = small_events(batch)
+            head = 0
+            t = time.perf_counter()
+            for _ in range(total // batch):
+                head = store.append("bench", evs, expected_seq=head, epoch=epoch).seq
+            return head / (time.perf_counter() - t)
+    finally:
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--slices", type=int, default=20, help="alternating slices per batch size")
+    ap.add_argument("--events", type=int, default=40000, help="events per writer at batch >= 100")
+    ap.add_argument("--replay-events", type=int, default=200000)
+    ap.add_argument("--postgres", default=os.environ.get("RLX_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
+    args = ap.parse_args()
+
+    result: dict = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version, "cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in BATCHES:
+            total = {1: 2000, 10: 10000}.get(batch, args.events)
+            le, re_ = bench_pair(tmp, batch, total, args.slices)
+            result[f"append_eps_batch{batch}"] = round(le)
+            result[f"raw_sqlite_eps_batch{batch}"] = round(re_)
+            result[f"append_vs_raw_batch{batch}"] = round(le / re_, 3)
+            print(f"batch {batch:>4}: ledger {le:>9.0f} ev/s   raw sqlite3 {re_:>9.0f} ev/s   ratio {le / re_:.2f}", file=sys.stderr)
+        result.update(bench_replay(os.path.join(tmp, "replay.db"), args.replay_events))
+        print(f"verify (read+decode+chain): {result['replay_eps']:.0f} ev/s", file=sys.stderr)
+    pg = bench_postgres(args.postgres, 100, 5000)
+    result["postgres_append_eps_batch100"] = None if pg is None else round(pg)
+    if pg is not None:
+        print(f"postgres batch 100: {pg:.0f} ev/s", file=sys.stderr)
+    result["replay_eps"] = round(result["replay_eps"])
+    result["read_decode_eps"] = round(result["read_decode_eps"])
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
