@@ -100,6 +100,11 @@ class ParamStore:
     def url(self) -> str:
         return self._location.url
 
+    @property
+    def context(self) -> ts.Context:
+        """The TensorStore context of the store (``memory://`` data lives in it)."""
+        return self._context
+
     def __repr__(self) -> str:
         return f"ParamStore({self.url!r})"
 
@@ -220,6 +225,10 @@ class ParamStore:
             raise ParamStoreError(f"version {version} is pinned; unpin it before deleting it")
         self._evict(self.manifest(version))
 
+    def unpublished(self) -> tuple[str, ...]:
+        """Data prefixes that no manifest publishes: a ``put`` in flight, or a crash's leftovers."""
+        return tuple(sorted(data for _, data, published in self._pending() if not published))
+
     def sweep(self) -> tuple[str, ...]:
         """Remove data that no manifest publishes (left by a killed ``put`` or eviction).
 
@@ -227,17 +236,25 @@ class ParamStore:
             The removed data prefixes. Call only while no ``put`` is in flight.
         """
         removed = []
-        for name in self._list(layout.PENDING):
-            parsed = layout.parse_pending_name(name)
-            if parsed is None:
-                continue
-            version, data = parsed
-            raw = self._read_key(layout.manifest_key(version))
-            if raw is None or Manifest.decode(raw, version=version).data != data:
+        for marker, data, published in self._pending():
+            if not published:
                 self._delete_prefix(data)
                 removed.append(data)
-            self._write_key(layout.PENDING + name, None)
+            self._write_key(marker, None)
         return tuple(sorted(removed))
+
+    def leaf_spec(self, version: int, path: str, *, tree: str = "params") -> dict[str, Any]:
+        """The TensorStore spec of one stored leaf, for readers that open arrays directly.
+
+        Such a reader (e.g. one that reads a slice of a large leaf) opens the spec with
+        ``context=store.context`` and bypasses the digest check. ``path`` is a leaf path of
+        ``runtime.params.tree``; ``tree`` is ``params`` or ``opt_state``.
+        """
+        manifest = self.manifest(version)
+        stored = manifest.tree(tree) if tree in layout.TREES else None
+        if stored is None or path not in {record.path for record in stored.leaves}:
+            raise ParamStoreError(f"version {version} has no {tree} leaf {path!r}")
+        return self._array_spec(layout.leaf_key(manifest.data, tree, path))
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -258,6 +275,18 @@ class ParamStore:
     def _list(self, prefix: str) -> list[str]:
         future = self._kv.list(_prefix_range(prefix), strip_prefix_length=len(prefix))
         return [key.decode() for key in self._await(future, f"listing {prefix} in {self.url}")]
+
+    def _pending(self) -> list[tuple[str, str, bool]]:
+        """(marker key, data prefix, whether a manifest publishes it) of each pending marker."""
+        pending = []
+        for name in self._list(layout.PENDING):
+            parsed = layout.parse_pending_name(name)
+            if parsed is not None:
+                version, data = parsed
+                raw = self._read_key(layout.manifest_key(version))
+                published = raw is not None and Manifest.decode(raw, version=version).data == data
+                pending.append((layout.PENDING + name, data, published))
+        return pending
 
     def _array_spec(self, key: str) -> dict[str, Any]:
         return {"driver": "zarr3", "kvstore": self._location.kvstore(key)}

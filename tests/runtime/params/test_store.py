@@ -191,14 +191,15 @@ class StoreContract:
         assert again.digest(4) == digest
         assert_bit_exact(again.get_opt_state(4), {"count": np.int32(2)})
 
-    def test_corrupt_leaf_is_named(self, store, url):
+    def test_corrupt_leaf_is_named(self, store):
         params = {"enc": {"w": np.arange(8, dtype=np.float32)}, "dec": {"w": np.ones(4, np.int32)}}
         store.put(0, params)
-        data = store.manifest(0).data
         # Overwrite one element through TensorStore itself, as a bad disk or a stray writer would.
-        spec = {"driver": "zarr3", "kvstore": store._location.kvstore(f"{data}params/enc/w/")}
-        array = ts.open(spec, open=True, context=store._context).result()
+        array = ts.open(store.leaf_spec(0, "enc/w"), open=True, context=store.context).result()
+        assert array.read().result().tolist() == list(range(8))
         array[3].write(np.float32(-1.0)).result()
+        with pytest.raises(ParamStoreError, match="has no params leaf 'enc'"):
+            store.leaf_spec(0, "enc")
         with pytest.raises(DigestMismatch, match="params leaf 'enc/w' does not match") as info:
             store.get(0)
         assert (info.value.version, info.value.leaf) == (0, "enc/w")
@@ -211,9 +212,10 @@ class StoreContract:
         store._write_key(layout.pending_key(orphan), b"")
         store._write_arrays(orphan, "params", [("w", np.ones(2, np.float32))])
         assert store.versions() == (0,)
+        assert store.unpublished() == (orphan,)
         assert store.sweep() == (orphan,)
         assert store._list(orphan) == [] and store._list(layout.PENDING) == []
-        assert store.sweep() == ()
+        assert store.unpublished() == () and store.sweep() == ()
         assert store.get(0)["w"].tolist() == [0.0, 0.0]
         # A put of the swept version starts clean.
         store.put(1, {"w": np.ones(3, np.float32)})
