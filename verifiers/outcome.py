@@ -31,18 +31,12 @@ class Verdict(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Timings:
-    """Measured costs of a verification; never part of a decision."""
+    """Measured cost of a verification (wall-clock seconds); never part of a decision."""
 
     wall_s: float = 0.0
-    cpu_s: float = 0.0
-    max_rss_bytes: int = 0
 
     def __add__(self, other: Timings) -> Timings:
-        return Timings(
-            wall_s=self.wall_s + other.wall_s,
-            cpu_s=self.cpu_s + other.cpu_s,
-            max_rss_bytes=max(self.max_rss_bytes, other.max_rss_bytes),
-        )
+        return Timings(wall_s=self.wall_s + other.wall_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +66,7 @@ class Outcome:
       version: the verifier's version; a change of judging rules changes it.
       isolation: for code, the sandbox isolation level that ran; empty for math.
       tests: per-test verdicts, in test order, up to the first failure when stopping early.
-      timings: measured wall time, CPU time and peak memory (excluded from equality).
+      timings: measured wall time (excluded from equality).
     """
 
     verdict: Verdict

@@ -40,7 +40,7 @@ class RunResult:
     """What one sandboxed run did; measurements included, nothing decided.
 
     ``exit_code`` is None when the run ended by a signal (``signal`` set) or was killed by the
-    harness (``timed_out`` or ``output_exceeded``).
+    harness (``timed_out`` or ``output_exceeded``); ``killed`` says the harness sent the kill.
     """
 
     exit_code: int | None
@@ -49,9 +49,8 @@ class RunResult:
     stderr: bytes
     timed_out: bool
     output_exceeded: bool
+    killed: bool
     wall_s: float
-    cpu_s: float
-    max_rss_bytes: int
 
 
 @functools.cache
@@ -226,10 +225,11 @@ class LiveRun:
             self._selector.register(fd, selectors.EVENT_READ)
         self._selector.register(self._pidfd, selectors.EVENT_READ)
         self._exited = False
-        self._status: tuple[int, object] | None = None
+        self._status: int | None = None
         self.timed_out = False
         self.output_exceeded = False
         self._killed = False
+        self._exited_first = False
 
     def _make_run_dir(self, files, executable) -> str:
         run_dir = tempfile.mkdtemp(prefix="rlx-run-")
@@ -338,6 +338,7 @@ class LiveRun:
 
     def _on_exit(self) -> None:
         """The main process ended: kill what it left behind, so the pipes reach EOF."""
+        self._exited_first = not self._killed
         self._selector.unregister(self._pidfd)
         self._exited = True
         self._collect()
@@ -346,8 +347,9 @@ class LiveRun:
 
     def _collect(self) -> None:
         if self._status is None:
-            _, status, usage = os.wait4(self.pid, 0)
-            self._status = (status, usage)
+            # The rusage of a bwrap child would not include the program, so none is taken.
+            _, status = os.waitpid(self.pid, 0)
+            self._status = status
             processes.unregister(self.pid)
 
     def _kill_tree(self) -> None:
@@ -369,7 +371,7 @@ class LiveRun:
             self._collect()
             self._exited = True
         assert self._status is not None
-        status, usage = self._status
+        status = self._status
         code = sig = None
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -386,9 +388,8 @@ class LiveRun:
             stderr=bytes(self._err),
             timed_out=self.timed_out,
             output_exceeded=self.output_exceeded,
+            killed=self._killed and not self._exited_first,
             wall_s=time.monotonic() - self._start,
-            cpu_s=usage.ru_utime + usage.ru_stime,
-            max_rss_bytes=usage.ru_maxrss * 1024,
         )
 
     def teardown(self) -> bool:

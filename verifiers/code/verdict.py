@@ -1,6 +1,7 @@
 """From what a run did to a verdict: a pure function, checked in the sandbox spec's order.
 
-OLE (output cap) -> TLE (wall kill, SIGXCPU, or killed at the CPU hard limit) -> MLE (a
+OLE (output cap) -> TLE (wall kill, SIGXCPU, or a SIGKILL the harness did not send: the only
+one the sandbox arms is the kernel's at the CPU hard limit, one second after SIGXCPU) -> MLE (a
 MemoryError / bad_alloc report, or an abort at the address-space limit) -> RE (non-zero exit or
 a signal) -> the checker, which says AC or WA. The program's own exit code or printed messages
 never make a run pass: at best they make it fail.
@@ -30,9 +31,7 @@ def classify(run: RunResult, limits: Limits) -> tuple[Verdict, str] | None:
         return Verdict.OLE, f"output exceeded {limits.output_bytes} bytes"
     if run.timed_out:
         return Verdict.TLE, f"wall time limit of {limits.wall_s:g} s exceeded"
-    if run.signal == signal.SIGXCPU or (
-        run.signal == signal.SIGKILL and run.cpu_s >= limits.cpu_rlimit
-    ):
+    if run.signal == signal.SIGXCPU or (run.signal == signal.SIGKILL and not run.killed):
         return Verdict.TLE, f"CPU time limit of {limits.cpu_rlimit} s exceeded"
     failed = run.signal is not None or run.exit_code != 0
     tail = run.stderr[-4096:]

@@ -33,7 +33,7 @@ def _driver_files() -> dict[str, bytes]:
 
 
 def _timings(run: RunResult) -> Timings:
-    return Timings(wall_s=run.wall_s, cpu_s=run.cpu_s, max_rss_bytes=run.max_rss_bytes)
+    return Timings(wall_s=run.wall_s)
 
 
 def _compile_limits(limits: Limits) -> Limits:
