@@ -1,0 +1,415 @@
+"""Typed run configuration: one frozen dataclass per component, composed by :class:`Config`.
+
+A config comes from a TOML file (``tomllib``) and ``--set section.field=value`` overrides, e.g.
+``--set scheduling.mode=freshest``, ``--set scheduling.max_staleness=2``,
+``--set algorithm.name=rloo`` or ``--set algorithm.options.clip_high=0.28``. Every section
+checks its values in ``__post_init__``; a rejected value raises :class:`ConfigError` whose one
+line names the field, the value and what is accepted. Algorithm names and options are checked
+by the objective registry itself (``kernels.objectives``), never against a copy of its names.
+
+The resolved config (every field explicit) is stored in ``RunStarted`` together with
+:func:`config_digest`, the sha256 of its canonical msgpack encoding. The controller reads only
+the fields it needs from that stored dict (``runtime.controller.spec``), so it never imports
+JAX; the algorithm check, which imports the JAX kernels, runs once, when a config is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+import tomllib
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from runtime.errors import UsageError
+
+MODES = ("deterministic", "freshest")
+SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+class ConfigError(UsageError):
+    """A bad config value, section, field or override; the message is one line."""
+
+
+def _fail(where: str, value: Any, accepted: str) -> ConfigError:
+    return ConfigError(f"{where}: {value!r} is not accepted; {accepted}")
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(where: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against a field annotation (int → float allowed), or ``ConfigError``."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+    if hint is bool:
+        if type(value) is bool:
+            return value
+        raise _fail(where, value, "it must be true or false")
+    if hint is int:
+        if type(value) is int:
+            return value
+        raise _fail(where, value, "it must be an integer")
+    if hint is float:
+        if type(value) in (int, float) and math.isfinite(value):
+            return float(value)
+        raise _fail(where, value, "it must be a finite number")
+    if hint is str:
+        if type(value) is str:
+            return value
+        raise _fail(where, value, "it must be a string")
+    if typing.get_origin(hint) is dict or hint is dict:
+        if isinstance(value, Mapping) and all(type(k) is str for k in value):
+            return dict(value)
+        raise _fail(where, value, "it must be a table of named values")
+    raise TypeError(f"unsupported config annotation {hint!r} for {where}")
+
+
+class Section:
+    """Base of the config sections: type-checks every field, then runs ``check``."""
+
+    NAME: typing.ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = _coerce(f"{self.NAME}.{f.name}", getattr(self, f.name), _hints(type(self))[f.name])
+            object.__setattr__(self, f.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Range and choice checks of the section's values."""
+
+    def _at_least(self, field: str, low: float) -> None:
+        value = getattr(self, field)
+        if value is not None and value < low:
+            raise _fail(f"{self.NAME}.{field}", value, f"it must be >= {low}")
+
+    def _choice(self, field: str, accepted: Iterable[str]) -> None:
+        value = getattr(self, field)
+        accepted = tuple(accepted)
+        if value not in accepted:
+            raise _fail(f"{self.NAME}.{field}", value, "accepted: " + ", ".join(accepted))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(Section):
+    """The run: its name (the ledger's run id), master seed and number of training steps."""
+
+    NAME = "run"
+    name: str = "run"
+    seed: int = 0
+    steps: int = 20
+
+    def check(self) -> None:
+        if not self.name or len(self.name) > 200:
+            raise _fail("run.name", self.name, "it must be a non-empty string of at most 200 characters")
+        if not 0 <= self.seed < 2**63:
+            raise _fail("run.seed", self.seed, "it must be an integer in [0, 2**63)")
+        self._at_least("steps", 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(Section):
+    """The policy: a local Hugging Face checkpoint directory, or None for the built-in model."""
+
+    NAME = "model"
+    path: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Section):
+    """The training prompts: a task name (checked by the task registry when data is loaded),
+    an optional JSONL path, and ``size``, the number of training prompts, filled in from the
+    loaded dataset before the run starts (the controller samples indices in ``[0, size)``)."""
+
+    NAME = "data"
+    task: str = "arithmetic"
+    path: str | None = None
+    size: int | None = None
+    eval_fraction: float = 0.1
+
+    def check(self) -> None:
+        self._at_least("size", 1)
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise _fail("data.eval_fraction", self.eval_fraction, "it must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig(Section):
+    """How rollouts are sampled: ``group_size`` samples per prompt."""
+
+    NAME = "sampling"
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 64
+
+    def check(self) -> None:
+        self._at_least("group_size", 1)
+        self._at_least("temperature", 0.0)
+        if not 0.0 < self.top_p <= 1.0:
+            raise _fail("sampling.top_p", self.top_p, "it must be in (0, 1]")
+        self._at_least("top_k", 0)
+        self._at_least("max_tokens", 1)
+
+    def request(self) -> dict[str, Any]:
+        """The sampling parameters every rollout request carries."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "max_tokens": self.max_tokens}
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig(Section):
+    """The objective: a registry name and overrides of its options (``kernels.objectives``)."""
+
+    NAME = "algorithm"
+    name: str = "grpo"
+    options: dict = dataclasses.field(default_factory=dict)
+
+    def check(self) -> None:
+        from kernels.objectives import ALGORITHMS
+
+        if self.name not in ALGORITHMS:
+            raise _fail("algorithm.name", self.name, "accepted: " + ", ".join(ALGORITHMS))
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulingConfig(Section):
+    """Staleness and batching (DESIGN.md, "Staleness and scheduling").
+
+    ``groups_per_batch`` groups of ``sampling.group_size`` rollouts form a batch. With
+    ``filter_groups`` (DAPO dynamic sampling; None follows the algorithm's ``dynamic_sampling``)
+    groups whose rewards are all equal are dropped and replaced, drawing at most
+    ``max_groups_per_batch`` groups per batch (default 4 × ``groups_per_batch``); past that,
+    the batch is completed with the dropped groups so that every batch has the same shape.
+    """
+
+    NAME = "scheduling"
+    mode: str = "deterministic"
+    max_staleness: int = 1
+    groups_per_batch: int = 8
+    filter_groups: bool | None = None
+    max_groups_per_batch: int | None = None
+
+    def check(self) -> None:
+        self._choice("mode", MODES)
+        self._at_least("max_staleness", 0)
+        self._at_least("groups_per_batch", 1)
+        if self.max_groups_per_batch is not None and self.max_groups_per_batch < self.groups_per_batch:
+            raise _fail(
+                "scheduling.max_groups_per_batch", self.max_groups_per_batch,
+                f"it must be >= scheduling.groups_per_batch ({self.groups_per_batch})",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig(Section):
+    """The optimizer of the train step (AdamW with warm-up and global-norm clipping)."""
+
+    NAME = "trainer"
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+
+    def check(self) -> None:
+        if self.learning_rate <= 0.0:
+            raise _fail("trainer.learning_rate", self.learning_rate, "it must be > 0")
+        self._at_least("weight_decay", 0.0)
+        self._at_least("max_grad_norm", 0.0)
+        self._at_least("warmup_steps", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkersConfig(Section):
+    """Worker pools and leases: how many of each, how many concurrent leases per inference
+    worker, and after how many seconds without a heartbeat a lease is given up."""
+
+    NAME = "workers"
+    inference: int = 1
+    inference_slots: int = 64
+    verifiers: int = 1
+    lease_timeout_s: float = 120.0
+
+    def check(self) -> None:
+        self._at_least("inference", 1)
+        self._at_least("inference_slots", 1)
+        self._at_least("verifiers", 1)
+        if self.lease_timeout_s <= 0.0:
+            raise _fail("workers.lease_timeout_s", self.lease_timeout_s, "it must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerConfig(Section):
+    """Where events go: a store URL or SQLite path (None: ``DIR/ledger.db``)."""
+
+    NAME = "ledger"
+    url: str | None = None
+    synchronous: str = "FULL"
+
+    def check(self) -> None:
+        self._choice("synchronous", SYNCHRONOUS)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamsConfig(Section):
+    """The parameter store URL (None: ``DIR/params``) and how many newest versions to keep."""
+
+    NAME = "params"
+    url: str | None = None
+    keep_newest: int = 2
+
+    def check(self) -> None:
+        self._at_least("keep_newest", 1)
+
+
+SECTIONS: dict[str, type[Section]] = {
+    cls.NAME: cls
+    for cls in (RunConfig, ModelConfig, DataConfig, SamplingConfig, AlgorithmConfig,
+                SchedulingConfig, TrainerConfig, WorkersConfig, LedgerConfig, ParamsConfig)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The whole run configuration."""
+
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    scheduling: SchedulingConfig = dataclasses.field(default_factory=SchedulingConfig)
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    workers: WorkersConfig = dataclasses.field(default_factory=WorkersConfig)
+    ledger: LedgerConfig = dataclasses.field(default_factory=LedgerConfig)
+    params: ParamsConfig = dataclasses.field(default_factory=ParamsConfig)
+
+    def __post_init__(self) -> None:
+        self.objective()  # the registry rejects unknown options and invalid combinations
+
+    def objective(self) -> Any:
+        """The configured objective (``kernels.objectives.configure``) of this run.
+
+        ``group_size`` and ``max_length`` come from the sampling section unless the options
+        set them.
+        """
+        from kernels.objectives import ALGORITHMS, ObjectiveConfigError, configure
+
+        options = dict(self.algorithm.options)
+        known = {f.name for f in dataclasses.fields(ALGORITHMS[self.algorithm.name])}
+        for name, value in (("group_size", self.sampling.group_size), ("max_length", self.sampling.max_tokens)):
+            if name in known:
+                options.setdefault(name, value)
+        try:
+            return configure(self.algorithm.name, **options)
+        except ObjectiveConfigError as e:
+            raise ConfigError(f"algorithm: {e}") from None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Config:
+        """Build and validate a config from nested tables (missing fields take defaults)."""
+        if not isinstance(data, Mapping):
+            raise _fail("config", data, "it must be a table of sections")
+        sections = {}
+        for name, table in data.items():
+            if name not in SECTIONS:
+                raise _fail("config section", name, "accepted: " + ", ".join(SECTIONS))
+            section = SECTIONS[name]
+            if not isinstance(table, Mapping):
+                raise _fail(f"config section {name}", table, "it must be a table of fields")
+            accepted = [f.name for f in dataclasses.fields(section)]
+            for key in table:
+                if key not in accepted:
+                    raise _fail(f"{name} field", key, "accepted: " + ", ".join(accepted))
+            sections[name] = section(**table)
+        return cls(**sections)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Every field of every section, as plain values (the form stored in ``RunStarted``)."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def resolved(self, *, data_size: int | None = None) -> Config:
+        """The config with every choice explicit: ``filter_groups`` from the algorithm,
+        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` when given."""
+        s = self.scheduling
+        filter_groups = s.filter_groups
+        if filter_groups is None:
+            filter_groups = bool(getattr(self.objective(), "dynamic_sampling", False))
+        cap = s.max_groups_per_batch if s.max_groups_per_batch is not None else 4 * s.groups_per_batch
+        data = self.data if data_size is None else dataclasses.replace(self.data, size=data_size)
+        return dataclasses.replace(
+            self,
+            scheduling=dataclasses.replace(s, filter_groups=filter_groups, max_groups_per_batch=cap),
+            data=data,
+        )
+
+    def digest(self) -> str:
+        """:func:`config_digest` of this config."""
+        return config_digest(self.to_dict())
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    """sha256 (hex) of the canonical msgpack encoding of a config dict: key order never matters."""
+    from ledger.codec import pack
+
+    return hashlib.sha256(pack(dict(config))).hexdigest()
+
+
+def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
+    """``"section.field=value"`` as (path, value); the value is read as TOML, else a string.
+
+    ``scheduling.max_staleness=2`` gives 2, ``model.path=/x/y`` the string ``/x/y``,
+    ``algorithm.options={clip_high=0.28}`` a table.
+    """
+    key, sep, raw = text.partition("=")
+    path = tuple(p.strip() for p in key.split("."))
+    if not sep or len(path) < 2 or not all(path):
+        raise _fail("override", text, "write section.field=value, e.g. scheduling.max_staleness=2")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """A copy of nested tables ``data`` with every ``section.field=value`` override applied."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    for text in overrides:
+        path, value = parse_override(text)
+        if path[0] not in SECTIONS:
+            raise _fail("override section", path[0], "accepted: " + ", ".join(SECTIONS))
+        node = out.setdefault(path[0], {})
+        for part in path[1:-1]:
+            child = node.get(part)
+            node[part] = child = dict(child) if isinstance(child, Mapping) else {}
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = (),
+                *, data_size: int | None = None) -> Config:
+    """Read TOML ``path`` (None: defaults), apply overrides, validate and resolve."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {e}") from None
+    return Config.from_dict(apply_overrides(data, overrides)).resolved(data_size=data_size)
