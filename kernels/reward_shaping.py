@@ -54,5 +54,7 @@ def overlong_penalty(
         )
     lengths_B = jnp.asarray(lengths_B, jnp.float32)
     threshold = max_length - buffer_length
-    penalty_B = jnp.minimum((threshold - lengths_B) / buffer_length, 0.0)
+    # XLA may divide through a reciprocal; pin the end points of the ramp exactly.
+    ramp_B = jnp.where(lengths_B == max_length, -1.0, (threshold - lengths_B) / buffer_length)
+    penalty_B = jnp.where(lengths_B <= threshold, 0.0, ramp_B)
     return jnp.maximum(penalty_B, -1.0) if capped else penalty_B
