@@ -51,7 +51,9 @@ def dense_attention(
     weights_BKGTS = jnp.where(mask_B11TS, jnp.exp(scores_BKGTS - max_BKGT1), 0.0)
     denom_BKGT1 = jnp.sum(weights_BKGTS, axis=-1, keepdims=True)
     out_BKGTD = jnp.einsum(
-        "bkgts,bskd->bkgtd", weights_BKGTS, v_BSKD.astype(jnp.float32),
+        "bkgts,bskd->bkgtd",
+        weights_BKGTS,
+        v_BSKD.astype(jnp.float32),
         preferred_element_type=jnp.float32,
     )
     out_BKGTD = out_BKGTD / jnp.where(denom_BKGT1 > 0, denom_BKGT1, 1.0)

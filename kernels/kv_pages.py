@@ -17,7 +17,11 @@ import jax.numpy as jnp
 
 
 def page_slots(
-    positions_BT: jax.Array, page_indices_BP: jax.Array, valid_BT: jax.Array, *, page_size: int,
+    positions_BT: jax.Array,
+    page_indices_BP: jax.Array,
+    valid_BT: jax.Array,
+    *,
+    page_size: int,
     total_pages: int,
 ) -> tuple[jax.Array, jax.Array]:
     """Physical ``(page_BT, slot_BT)`` of each token; invalid tokens get page ``total_pages``."""

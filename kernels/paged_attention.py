@@ -129,7 +129,9 @@ def paged_attention_reference(
     denom_BKG1 = jnp.sum(weights_BKGL, axis=-1, keepdims=True)
     v_BKLD = jnp.where(valid_BL[:, None, :, None], v_BKLD, jnp.zeros((), v_BKLD.dtype))
     out_BKGD = jnp.einsum(
-        "bkgl,bkld->bkgd", weights_BKGL, v_BKLD.astype(jnp.float32),
+        "bkgl,bkld->bkgd",
+        weights_BKGL,
+        v_BKLD.astype(jnp.float32),
         preferred_element_type=jnp.float32,
     )
     out_BKGD = out_BKGD / jnp.where(denom_BKG1 > 0, denom_BKG1, 1.0)
@@ -137,8 +139,19 @@ def paged_attention_reference(
 
 
 def _paged_attention_kernel(
-    lengths_ref, page_indices_ref, q_ref, k_ref, v_ref, out_ref, max_ref, denom_ref, acc_ref,
-    *, scale: float, page_size: int, pages_per_seq: int,
+    lengths_ref,
+    page_indices_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    out_ref,
+    max_ref,
+    denom_ref,
+    acc_ref,
+    *,
+    scale: float,
+    page_size: int,
+    pages_per_seq: int,
 ):
     """One (sequence, kv head, logical page) step of the online softmax."""
     del page_indices_ref  # used by the index maps only
@@ -209,9 +222,7 @@ def paged_attention_pallas(
     def head_map(b, k, p, lengths_ref, page_indices_ref):
         return b, k, 0, 0
 
-    kernel = functools.partial(
-        _paged_attention_kernel, scale=scale, page_size=S, pages_per_seq=P
-    )
+    kernel = functools.partial(_paged_attention_kernel, scale=scale, page_size=S, pages_per_seq=P)
     out_BKGD = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((B, K, G, D), q_BHD.dtype),

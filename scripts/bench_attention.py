@@ -16,6 +16,7 @@ The last line printed is a JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -68,21 +69,28 @@ def bench_throughput(repeats: int, pallas_interpret: bool) -> list[dict]:
         B, H, K, D, S, P = size
         q, k_pages, v_pages, lengths, table = _case(size)
         scale = D**-0.5
-        ref = jax.jit(lambda *a: paged_attention(*a, scale=scale))
+        ref = jax.jit(functools.partial(paged_attention, scale=scale))
         t_ref = _time(ref, q, k_pages, v_pages, lengths, table, repeats=repeats)
         k_dense = jnp.moveaxis(k_pages[:, table], 0, 3).reshape(B, P * S, K, D)
         v_dense = jnp.moveaxis(v_pages[:, table], 0, 3).reshape(B, P * S, K, D)
-        dense = jax.jit(lambda *a: _dense_decode(*a, scale=scale))
+        dense = jax.jit(functools.partial(_dense_decode, scale=scale))
         t_dense = _time(dense, q, k_dense, v_dense, lengths, repeats=repeats)
         row = {
-            "batch": B, "num_heads": H, "num_kv_heads": K, "head_dim": D, "page_size": S,
-            "max_len": P * S, "mean_len": float(np.mean(np.asarray(lengths))),
-            "reference_ms": 1e3 * t_ref, "reference_queries_s": B / t_ref,
-            "dense_contiguous_ms": 1e3 * t_dense, "dense_contiguous_queries_s": B / t_dense,
+            "batch": B,
+            "num_heads": H,
+            "num_kv_heads": K,
+            "head_dim": D,
+            "page_size": S,
+            "max_len": P * S,
+            "mean_len": float(np.mean(np.asarray(lengths))),
+            "reference_ms": 1e3 * t_ref,
+            "reference_queries_s": B / t_ref,
+            "dense_contiguous_ms": 1e3 * t_dense,
+            "dense_contiguous_queries_s": B / t_dense,
         }
         if pallas_interpret and i == 0:
             pallas = jax.jit(
-                lambda *a: paged_attention(*a, scale=scale, impl="pallas_interpret")
+                functools.partial(paged_attention, scale=scale, impl="pallas_interpret")
             )
             t_pallas = _time(pallas, q, k_pages, v_pages, lengths, table, repeats=1)
             row["pallas_interpret_ms"] = 1e3 * t_pallas
@@ -100,9 +108,13 @@ def bench_memory(seed: int = 0) -> dict:
     paged = int(np.sum(-(-lengths // page_size))) * page_size * per_token
     dense = len(lengths) * int(lengths.max()) * per_token
     return {
-        "sequences": len(lengths), "page_size": page_size, "real_token_bytes": real,
-        "paged_bytes": paged, "dense_padded_bytes": dense,
-        "paged_over_real": paged / real, "dense_over_real": dense / real,
+        "sequences": len(lengths),
+        "page_size": page_size,
+        "real_token_bytes": real,
+        "paged_bytes": paged,
+        "dense_padded_bytes": dense,
+        "paged_over_real": paged / real,
+        "dense_over_real": dense / real,
     }
 
 
@@ -114,11 +126,15 @@ def main() -> None:
     throughput = bench_throughput(args.repeats, args.pallas_interpret)
     memory = bench_memory()
     print(json.dumps(memory))
-    print(json.dumps({
-        "backend": jax.default_backend(),
-        "throughput": throughput,
-        "memory": memory,
-    }))
+    print(
+        json.dumps(
+            {
+                "backend": jax.default_backend(),
+                "throughput": throughput,
+                "memory": memory,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

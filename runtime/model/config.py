@@ -48,8 +48,13 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in (
-            "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-            "intermediate_size", "max_position_embeddings",
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -45,7 +45,9 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
         files = [directory / name for name in sorted(set(weight_map.values()))]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
-            raise UsageError(f"{directory}: shards listed in {INDEX_FILE} are missing: {', '.join(absent)}")
+            raise UsageError(
+                f"{directory}: shards listed in {INDEX_FILE} are missing: {', '.join(absent)}"
+            )
     else:
         raise UsageError(f"{directory}: no weights found; expected {WEIGHTS_FILE} or {INDEX_FILE}")
     tensors = {}
@@ -90,7 +92,12 @@ def load_hf(path: str | os.PathLike, **overrides: Any) -> Model:
 def _tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:
     """``tokenizer_config.json`` so that ``AutoTokenizer`` wraps ``tokenizer.json``."""
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
-    for key, token in (("bos_token", BOS), ("eos_token", EOS), ("pad_token", PAD), ("unk_token", UNK)):
+    for key, token in (
+        ("bos_token", BOS),
+        ("eos_token", EOS),
+        ("pad_token", PAD),
+        ("unk_token", UNK),
+    ):
         if tokenizer.token_to_id(token) is not None:
             config[key] = token
     return config
@@ -119,7 +126,11 @@ def save_hf(
             size = 0
         shards[-1][name] = tensors[name]
         size += nbytes
-    for stale in [directory / WEIGHTS_FILE, directory / INDEX_FILE, *directory.glob("model-*-of-*.safetensors")]:
+    for stale in [
+        directory / WEIGHTS_FILE,
+        directory / INDEX_FILE,
+        *directory.glob("model-*-of-*.safetensors"),
+    ]:
         stale.unlink(missing_ok=True)
     metadata = {"format": "pt"}
     if len(shards) == 1:

@@ -39,21 +39,30 @@ def _rope_theta(hf: Mapping[str, Any], source: str) -> float:
 def config_from_hf(
     hf: Mapping[str, Any], *, source: str = "config.json", **overrides: Any
 ) -> ModelConfig:
-    """A ``ModelConfig`` from a Hugging Face ``config.json`` dict; ``overrides`` win (e.g. dtype)."""
+    """A ``ModelConfig`` from a Hugging Face ``config.json`` dict; ``overrides`` win."""
     arch = hf.get("model_type")
     if arch not in ARCHITECTURES:
         raise UsageError(
             f"{source}: model_type {arch!r} is not supported; accepted: {', '.join(ARCHITECTURES)}"
         )
     if hf.get("hidden_act", "silu") != "silu":
-        raise UsageError(f"{source}: hidden_act {hf['hidden_act']!r} is not supported; accepted: 'silu'")
+        raise UsageError(
+            f"{source}: hidden_act {hf['hidden_act']!r} is not supported; accepted: 'silu'"
+        )
     if hf.get("mlp_bias", False):
         raise UsageError(f"{source}: mlp_bias=true is not supported; accepted: false")
     if hf.get("use_sliding_window", False):
         raise UsageError(f"{source}: use_sliding_window=true is not supported; accepted: false")
     missing = [
-        k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads") if k not in hf
+        k
+        for k in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        )
+        if k not in hf
     ]
     if missing:
         raise UsageError(f"{source}: missing required fields {', '.join(missing)}")
@@ -140,7 +149,9 @@ def _layout(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
         hf, ours = f"model.layers.{i}.", f"layers_{i}"
         table[hf + "input_layernorm.weight"] = ((ours, "input_layernorm", "scale"), False)
         table[hf + "post_attention_layernorm.weight"] = (
-            (ours, "post_attention_layernorm", "scale"), False)
+            (ours, "post_attention_layernorm", "scale"),
+            False,
+        )
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             table[hf + f"self_attn.{proj}.weight"] = ((ours, "self_attn", proj, "kernel"), True)
         if config.qkv_bias:
@@ -172,10 +183,13 @@ def params_from_hf(
     layout = _layout(config)
     missing = sorted(set(layout) - set(tensors))
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
         raise UsageError(f"{source}: missing weights {shown}")
     unexpected = sorted(
-        name for name in set(tensors) - set(layout)
+        name
+        for name in set(tensors) - set(layout)
         if not name.endswith(_IGNORED_SUFFIXES)
         and not (name == "lm_head.weight" and config.tie_word_embeddings)
     )

@@ -37,7 +37,9 @@ class RMSNorm(nn.Module):
         )
         x32_BTD = x_BTD.astype(jnp.float32)
         var_BT1 = jnp.mean(jnp.square(x32_BTD), axis=-1, keepdims=True)
-        normed_BTD = (x32_BTD * jax.lax.rsqrt(var_BT1 + self.config.rms_norm_eps)).astype(x_BTD.dtype)
+        normed_BTD = (x32_BTD * jax.lax.rsqrt(var_BT1 + self.config.rms_norm_eps)).astype(
+            x_BTD.dtype
+        )
         return (scale_D * normed_BTD).astype(self.config.compute_dtype)
 
 
@@ -65,7 +67,9 @@ class Attention(nn.Module):
 
     def setup(self):
         c = self.config
-        dense = dict(dtype=c.compute_dtype, param_dtype=c.parameter_dtype, kernel_init=weight_init(c))
+        dense = dict(
+            dtype=c.compute_dtype, param_dtype=c.parameter_dtype, kernel_init=weight_init(c)
+        )
         self.q_proj = nn.Dense(c.num_heads * c.head_dim, use_bias=c.qkv_bias, **dense)
         self.k_proj = nn.Dense(c.num_kv_heads * c.head_dim, use_bias=c.qkv_bias, **dense)
         self.v_proj = nn.Dense(c.num_kv_heads * c.head_dim, use_bias=c.qkv_bias, **dense)
@@ -94,7 +98,9 @@ class MLP(nn.Module):
     def setup(self):
         c = self.config
         dense = dict(
-            use_bias=False, dtype=c.compute_dtype, param_dtype=c.parameter_dtype,
+            use_bias=False,
+            dtype=c.compute_dtype,
+            param_dtype=c.parameter_dtype,
             kernel_init=weight_init(c),
         )
         self.gate_proj = nn.Dense(c.intermediate_size, **dense)

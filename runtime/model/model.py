@@ -47,7 +47,7 @@ class Model:
         return sum(x.size for x in jax.tree_util.tree_leaves(self.params))
 
     def logits(self, tokens_BT, attention_mask_BT=None) -> jax.Array:
-        """Float32 ``[B, T, vocab]`` logits of int ``[B, T]`` tokens (see ``transformer.forward``)."""
+        """Float32 ``[B, T, vocab]`` logits of int ``[B, T]`` tokens (``transformer.forward``)."""
         tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
         if tokens_BT.ndim != 2:
             raise ValueError(f"tokens must be [batch, time], got shape {tokens_BT.shape}")

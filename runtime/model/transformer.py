@@ -54,7 +54,7 @@ class KVCache(NamedTuple):
 def init_cache(
     config: ModelConfig, *, num_pages: int, page_size: int, dtype: str | None = None
 ) -> KVCache:
-    """A zero-filled cache of ``num_pages`` pages of ``page_size`` tokens (dtype: the compute dtype)."""
+    """Zero-filled cache of ``num_pages`` pages of ``page_size`` tokens (default: compute dtype)."""
     shape = (config.num_kv_heads, num_pages, page_size, config.head_dim)
     dt = jnp.dtype(dtype or config.dtype)
     return KVCache(
@@ -71,15 +71,21 @@ class Transformer(nn.Module):
     def setup(self):
         c = self.config
         self.embed_tokens = nn.Embed(
-            c.vocab_size, c.hidden_size, dtype=c.compute_dtype, param_dtype=c.parameter_dtype,
+            c.vocab_size,
+            c.hidden_size,
+            dtype=c.compute_dtype,
+            param_dtype=c.parameter_dtype,
             embedding_init=weight_init(c),
         )
         self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
         self.norm = RMSNorm(c)
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
-                c.vocab_size, use_bias=False, dtype=c.compute_dtype,
-                param_dtype=c.parameter_dtype, kernel_init=weight_init(c),
+                c.vocab_size,
+                use_bias=False,
+                dtype=c.compute_dtype,
+                param_dtype=c.parameter_dtype,
+                kernel_init=weight_init(c),
             )
 
     def __call__(
@@ -96,7 +102,9 @@ class Transformer(nn.Module):
             h_BTD, state = layer(h_BTD, positions_BT, attend)
             states.append(state)
         if select_B is not None:
-            h_BTD = jnp.take_along_axis(h_BTD, select_B[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+            h_BTD = jnp.take_along_axis(h_BTD, select_B[:, None, None].astype(jnp.int32), axis=1)[
+                :, 0
+            ]
         h_BTD = self.norm(h_BTD)
         if self.config.tie_word_embeddings:
             logits = self.embed_tokens.attend(h_BTD)
@@ -237,8 +245,13 @@ def decode(
     def attention(q_BTHD, k_BTKD, v_BTKD, k_pages, v_pages):
         del k_BTKD, v_BTKD  # read back from the cache, where they were just written
         out_BHD = paged_attention(
-            q_BTHD[:, 0], k_pages, v_pages, lengths_B, page_indices_BP,
-            scale=config.attention_scale, impl=attention_impl,
+            q_BTHD[:, 0],
+            k_pages,
+            v_pages,
+            lengths_B,
+            page_indices_BP,
+            scale=config.attention_scale,
+            impl=attention_impl,
         )
         return out_BHD[:, None]
 

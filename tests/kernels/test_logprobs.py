@@ -23,7 +23,9 @@ def oracle(logits, tokens, temperature):
 def test_hand_computed_values():
     logits = np.log(np.array([[1.0, 2.0, 5.0]], np.float32))
     # T = 1: p = [1, 2, 5] / 8, so log p(2) = log(5/8).
-    assert float(token_logprobs(logits, np.array([2]))[0]) == pytest.approx(math.log(5 / 8), abs=1e-6)
+    assert float(token_logprobs(logits, np.array([2]))[0]) == pytest.approx(
+        math.log(5 / 8), abs=1e-6
+    )
     # T = 2: p ∝ sqrt([1, 2, 5]); log p(0) = -log(1 + sqrt 2 + sqrt 5).
     expected = -math.log(1 + math.sqrt(2) + math.sqrt(5))
     assert float(token_logprobs(logits, np.array([0]), 2.0)[0]) == pytest.approx(expected, abs=1e-6)

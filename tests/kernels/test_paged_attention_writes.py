@@ -57,7 +57,8 @@ def test_decode_write_one_token_per_slot():
 def test_write_casts_to_cache_dtype():
     pages = np.zeros((K, N, S, D), jax.numpy.bfloat16)
     new = np.full((1, 1, K, D), 1.0 / 3.0, np.float32)
-    out = write_pages(pages, new, np.zeros((1, 1), np.int32), np.ones((1, 1), np.int32),
-                      np.ones((1, 1), bool))
+    out = write_pages(
+        pages, new, np.zeros((1, 1), np.int32), np.ones((1, 1), np.int32), np.ones((1, 1), bool)
+    )
     assert out.dtype == jax.numpy.bfloat16
     assert float(out[0, 1, 0, 0]) == float(jax.numpy.bfloat16(1.0 / 3.0))

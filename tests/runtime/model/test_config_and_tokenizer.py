@@ -18,8 +18,9 @@ from runtime.model import (
     special_token_ids,
 )
 
-BASE = dict(vocab_size=50, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-            intermediate_size=64)
+BASE = dict(
+    vocab_size=50, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64
+)
 
 
 def test_defaults_and_derived_values():

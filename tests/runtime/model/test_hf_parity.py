@@ -27,18 +27,27 @@ TOL = 1e-4
 VARIANTS = {
     "llama_gqa_untied_theta": (
         "LlamaConfig",
-        dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-             rope_theta=500.0),
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+            rope_theta=500.0,
+        ),
     ),
     "llama_mha_tied_bias": (
         "LlamaConfig",
-        dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
-             attention_bias=True),
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            tie_word_embeddings=True,
+            attention_bias=True,
+        ),
     ),
     "qwen2_gqa_tied_theta": (
         "Qwen2Config",
-        dict(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True,
-             rope_theta=1e6),
+        dict(
+            num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True, rope_theta=1e6
+        ),
     ),
 }
 
@@ -46,8 +55,13 @@ VARIANTS = {
 def _hf_model(variant: str, seed: int = 0):
     config_cls, kwargs = VARIANTS[variant]
     config = getattr(transformers, config_cls)(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        max_position_embeddings=64, rms_norm_eps=1e-6, **kwargs,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        **kwargs,
     )
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -145,8 +159,14 @@ def _our_model(config: ModelConfig, seed: int) -> Model:
 def test_save_hf_loads_in_transformers(arch, kwargs, tmp_path):
     vocab = char_tokenizer().get_vocab_size()
     config = ModelConfig(
-        vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=96,
-        architecture=arch, max_position_embeddings=64, **kwargs,
+        vocab_size=vocab,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=96,
+        architecture=arch,
+        max_position_embeddings=64,
+        **kwargs,
     )
     model = _our_model(config, seed=5)
     save_hf(tmp_path, model, max_shard_bytes=60_000)
@@ -167,8 +187,15 @@ def test_save_hf_loads_in_transformers(arch, kwargs, tmp_path):
 
 def test_tokenizer_round_trips_through_transformers(tmp_path):
     config = ModelConfig(
-        vocab_size=char_tokenizer().get_vocab_size(), hidden_size=32, num_layers=1, num_heads=2,
-        num_kv_heads=2, intermediate_size=32, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=char_tokenizer().get_vocab_size(),
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=2,
+        intermediate_size=32,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     save_hf(tmp_path, Model.init(config, key=jax.random.key(0), tokenizer=char_tokenizer()))
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
@@ -189,7 +216,9 @@ def test_missing_and_unsupported_checkpoints_are_named(tmp_path):
     hf_model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    with pytest.raises(UsageError, match="model_type 'gpt2' is not supported; accepted: llama, qwen2"):
+    with pytest.raises(
+        UsageError, match="model_type 'gpt2' is not supported; accepted: llama, qwen2"
+    ):
         load_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
     with pytest.raises(UsageError, match=r"missing weights model\.layers\.2\."):

@@ -5,13 +5,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from runtime.model import KVCache, Model, ModelConfig, decode, forward, init_cache, prefill
 
 CONFIG = ModelConfig(
-    vocab_size=53, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-    intermediate_size=64, qkv_bias=True, rope_theta=1000.0,
+    vocab_size=53,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=64,
+    qkv_bias=True,
+    rope_theta=1000.0,
 )
 PAGE, PAGES_PER_SEQ, NUM_PAGES = 4, 4, 20  # up to 16 tokens per sequence
 # float32 on CPU: the decode path and the full forward differ only in summation order.
@@ -60,7 +65,9 @@ def test_prefill_then_decode_matches_full_forward():
     position = prompt_lengths.copy()
     while (position < stop).any():
         active = position < stop
-        tokens = np.append(np.where(active, seqs[np.arange(3), np.minimum(position, total - 1)], 0), 0)
+        tokens = np.append(
+            np.where(active, seqs[np.arange(3), np.minimum(position, total - 1)], 0), 0
+        )
         positions = np.append(np.where(active, position, -1), -1).astype(np.int32)
         logits, cache = decode(model.params, tokens, positions, cache, slots_table, config=CONFIG)
         logits = np.asarray(logits)
@@ -88,7 +95,12 @@ def test_pallas_decode_matches_reference_decode():
     copy = jax.tree_util.tree_map(jnp.copy, cache)
     ref, _ = decode(model.params, tokens, positions, cache, table, config=CONFIG)
     pallas, _ = decode(
-        model.params, tokens, positions, copy, table, config=CONFIG,
+        model.params,
+        tokens,
+        positions,
+        copy,
+        table,
+        config=CONFIG,
         attention_impl="pallas_interpret",
     )
     np.testing.assert_allclose(np.asarray(pallas), np.asarray(ref), atol=1e-5, rtol=0)
@@ -103,7 +115,11 @@ def test_a_slot_decodes_the_same_bits_whatever_the_batch_and_slot():
     cache = init_cache(CONFIG, num_pages=NUM_PAGES, page_size=PAGE)
     for b in range(3):  # one request per prefill, as the engine does
         _, cache = prefill(
-            model.params, prompts[b : b + 1], lengths[b : b + 1], cache, table[b : b + 1],
+            model.params,
+            prompts[b : b + 1],
+            lengths[b : b + 1],
+            cache,
+            table[b : b + 1],
             config=CONFIG,
         )
     snapshot = jax.tree_util.tree_map(np.asarray, cache)
@@ -115,8 +131,12 @@ def test_a_slot_decodes_the_same_bits_whatever_the_batch_and_slot():
         positions = [lengths[o] if o >= 0 else -1 for o in order]
         fresh = jax.tree_util.tree_map(jnp.asarray, snapshot)
         logits, new = decode(
-            model.params, np.asarray(tokens, np.int32), np.asarray(positions, np.int32), fresh,
-            np.stack(rows), config=CONFIG,
+            model.params,
+            np.asarray(tokens, np.int32),
+            np.asarray(positions, np.int32),
+            fresh,
+            np.stack(rows),
+            config=CONFIG,
         )
         return np.asarray(logits), jax.tree_util.tree_map(np.asarray, new)
 
@@ -125,8 +145,11 @@ def test_a_slot_decodes_the_same_bits_whatever_the_batch_and_slot():
     moved, cache_moved = step([-1, 2, -1, 0], [0, 40, 0, 11])  # seq 0 in slot 3, other company
     np.testing.assert_array_equal(moved[3], full[0])
     page, slot = table[0, lengths[0] // PAGE], lengths[0] % PAGE
-    for a, b in zip(cache_full.k_pages + cache_full.v_pages,
-                    cache_moved.k_pages + cache_moved.v_pages, strict=True):
+    for a, b in zip(
+        cache_full.k_pages + cache_full.v_pages,
+        cache_moved.k_pages + cache_moved.v_pages,
+        strict=True,
+    ):
         np.testing.assert_array_equal(a[:, page, slot], b[:, page, slot])
     assert decode._cache_size() == compiled  # positions and tables are traced, not static
 
