@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from typing import Collection
 
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper_lock = threading.Lock()
@@ -73,7 +74,7 @@ def processes_of(uid: int) -> list[int]:
     return [pid for pid in _pids() if _uid_of(pid) == uid]
 
 
-def reap_orphans(sandbox_uids: range) -> int:
+def reap_orphans(sandbox_uids: Collection[int]) -> int:
     """Reap zombie children that the sandbox orphaned; returns how many were reaped."""
     me = os.getpid()
     reaped = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import os
 import queue
@@ -33,6 +34,34 @@ from verifiers.errors import ConfigError, SandboxUnavailable
 
 _SURVIVOR_SWEEPS = 200
 _FIRST_FILE_FD = 3
+_UID_LOCKS = "/run/rlx-sandbox-uids"
+_UID_SEARCH = 10_000
+
+
+def _claim_uids(slots: int, uid_base: int) -> tuple[list[int], list[int]]:
+    """``slots`` uids from ``uid_base`` up that no other live sandbox holds, and their lock fds.
+
+    Each uid is held by an exclusive ``flock`` on a file under ``/run`` for as long as this
+    process lives, so two verifier processes on one host never share a uid (kill-by-uid and
+    ``RLIMIT_NPROC`` would otherwise reach across them).
+    """
+    os.makedirs(_UID_LOCKS, mode=0o700, exist_ok=True)
+    uids: list[int] = []
+    fds: list[int] = []
+    for uid in range(uid_base, uid_base + _UID_SEARCH):
+        fd = os.open(f"{_UID_LOCKS}/{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        uids.append(uid)
+        fds.append(fd)
+        if len(uids) == slots:
+            return uids, fds
+    for fd in fds:
+        os.close(fd)
+    raise SandboxUnavailable(f"no {slots} free sandbox uids from {uid_base} up")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +123,8 @@ class Sandbox:
     Args:
       isolation: ``"auto"`` (strongest available), ``"namespaces"`` or ``"rlimits"``.
       slots: how many runs may be live at once (each has its own uid).
-      uid_base: the first of the ``slots`` consecutive uids; no other user may own them.
+      uid_base: the lowest uid to use; slots take the first free ones from there up (no other
+        user of the host may own uids in that range).
     """
 
     def __init__(self, isolation: Isolation | str = Isolation.AUTO, *, slots: int = 4, uid_base: int = 61_000):
@@ -103,7 +133,7 @@ class Sandbox:
         if not isinstance(uid_base, int) or uid_base < 1000:
             raise ConfigError(f"sandbox uid_base {uid_base!r} must be an integer >= 1000")
         self.level = resolve(isolation)
-        self.uids = range(uid_base, uid_base + slots)
+        self.uids, self._locks = _claim_uids(slots, uid_base)
         self._free: queue.Queue[int] = queue.Queue()
         for uid in self.uids:
             self._free.put(uid)
@@ -112,6 +142,20 @@ class Sandbox:
     @property
     def slots(self) -> int:
         return len(self.uids)
+
+    def close(self) -> None:
+        """Give the slots' uids back to other sandboxes (waits for live runs to end)."""
+        for _ in self.uids:
+            self._free.get()
+        for fd in self._locks:
+            os.close(fd)
+        self._locks = []
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def run(
         self,
@@ -156,7 +200,7 @@ class Sandbox:
             # else the uid stays out of service: something of it could not be killed
 
 
-def _sweep(uid: int, uids: range) -> bool:
+def _sweep(uid: int, uids: Sequence[int]) -> bool:
     """Kill and reap every process of ``uid``; True once none is left."""
     for attempt in range(_SURVIVOR_SWEEPS):
         processes.reap_orphans(uids)

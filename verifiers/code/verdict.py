@@ -42,7 +42,8 @@ def classify(run: RunResult, limits: Limits) -> tuple[Verdict, str] | None:
             return Verdict.RE, f"file size limit of {limits.file_bytes} bytes exceeded (SIGXFSZ)"
         return Verdict.RE, f"killed by {_signal_name(run.signal)}"
     if run.exit_code != 0:
-        return Verdict.RE, f"exit status {run.exit_code}"
+        excerpt = stderr_excerpt(run)
+        return Verdict.RE, f"exit status {run.exit_code}" + (f": {excerpt}" if excerpt else "")
     return None
 
 
