@@ -1,0 +1,23 @@
+"""The inference engine: continuous batching over a paged KV cache, batch-invariant sampling.
+
+``Engine(model, max_slots=…, page_size=…, num_pages=…).generate(prompts, params, seeds)`` returns
+one ``Completion`` per prompt; a completion is a pure function of (weights, prompt, sampling
+params, seed). ``SamplingParams`` says how a request is decoded; ``PagePool`` is the page
+allocator; ``scheduler`` holds the batching decisions and ``sampling`` the sampler.
+"""
+
+from runtime.inference.engine import Completion, Engine, GenerateStats
+from runtime.inference.pages import NULL_PAGE, OutOfPages, PagePool
+from runtime.inference.sampling import FINISH_LENGTH, FINISH_STOP, SamplingParams
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "NULL_PAGE",
+    "Completion",
+    "Engine",
+    "GenerateStats",
+    "OutOfPages",
+    "PagePool",
+    "SamplingParams",
+]

@@ -1,0 +1,370 @@
+"""The inference engine: continuous batching over a paged KV cache, compiled once.
+
+``Engine`` is the shell around three pure parts: the scheduler (``scheduler.plan`` /
+``advance``: slots, queue, pages, preemption), the sampler (``sampling``) and the device programs
+(``steps``). At construction it compiles, ahead of time, one decode step for ``max_slots`` slots
+and one prefill per prompt bucket; ``generate`` then only ever calls those executables, so no
+shape can trigger a compilation (a new shape would raise instead).
+
+A request's completion is a pure function of (weights, prompt, sampling params, seed): it does not
+depend on the other requests, the slot it runs in, when it is admitted, or whether it is preempted
+(``steps`` explains why). A preempted request is recomputed: its prompt is prefilled again at the
+same bucket, and the tokens it had generated are fed back through the same decode step, which
+rebuilds its cache bit for bit. The engine checks those bits as it replays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from runtime.errors import RlxError, UsageError
+from runtime.inference import scheduler
+from runtime.inference.pages import PagePool, pages_for
+from runtime.inference.sampling import SamplingParams, finish_reason, seed_key_data
+from runtime.inference.steps import decode_step, prefill_into_slot
+from runtime.model import Model, init_cache
+
+BATCHING = ("continuous", "static")
+MIN_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Completion:
+    """One generated sequence.
+
+    Attributes:
+      tokens: int32 ``[n]`` generated token ids (a stop token, if any, is the last one).
+      logprobs: float32 ``[n]`` ``log softmax(logits / T)[token]`` of each generated token over the
+        full vocabulary, before top-k / top-p truncation, with ``T = 1`` when greedy: the
+        definition of ``kernels.logprobs.token_logprobs``, which the trainer recomputes.
+      finish_reason: ``"stop"`` (a stop token or end-of-sequence id) or ``"length"`` (max_tokens).
+      prompt_len: number of prompt tokens.
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+    prompt_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateStats:
+    """What the last ``generate`` did.
+
+    Attributes:
+      steps: decode steps run.
+      prefills: prefills run (one per admission, readmissions included).
+      preemptions: requests preempted by recompute.
+      generated_tokens: tokens returned.
+      replayed_tokens: tokens fed again after a preemption.
+      allocated_tokens: sum over steps of the token capacity of the allocated pages.
+      cached_tokens: sum over steps of the tokens actually cached after the step.
+      admissions: ``(step, request, slot)`` of every admission, in order.
+    """
+
+    steps: int
+    prefills: int
+    preemptions: int
+    generated_tokens: int
+    replayed_tokens: int
+    allocated_tokens: int
+    cached_tokens: int
+    admissions: tuple[tuple[int, int, int], ...]
+
+    @property
+    def kv_overhead(self) -> float:
+        """Allocated KV bytes / bytes of the tokens cached, averaged over steps (1.0 = no waste)."""
+        return self.allocated_tokens / self.cached_tokens if self.cached_tokens else 1.0
+
+
+def _positive_int(name: str, value, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise UsageError(f"{name}={value!r} is not accepted; it must be an integer >= {least}")
+    return int(value)
+
+
+def default_buckets(max_prompt_len: int) -> tuple[int, ...]:
+    """Powers of two from ``MIN_BUCKET`` (or less) up to the first that holds ``max_prompt_len``."""
+    buckets = [min(MIN_BUCKET, 1 << (max_prompt_len - 1).bit_length())]
+    while buckets[-1] < max_prompt_len:
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
+
+
+def _shape_of(tree):
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+class Engine:
+    """Generates completions with continuous batching (see the module docstring).
+
+    Args:
+      model: a ``runtime.model.Model`` (what ``load_hf`` returns).
+      max_slots: sequences decoded together; every decode step runs all of them.
+      page_size: tokens per KV cache page.
+      num_pages: pages in the cache, including the reserved null page.
+      max_seq_len: longest prompt + generation (sets the page-table width); default the smaller of
+        the model's ``max_position_embeddings`` and what the pool holds.
+      prefill_buckets: prompt lengths prefill is compiled for; default powers of two (16, 32, …)
+        up to ``max_seq_len - 1``.
+      attention_impl: paged attention implementation (``kernels.paged_attention.IMPLS``).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        max_slots: int,
+        page_size: int,
+        num_pages: int,
+        max_seq_len: int | None = None,
+        prefill_buckets: Sequence[int] | None = None,
+        attention_impl: str = "reference",
+    ):
+        self.config = model.config
+        self.max_slots = _positive_int("max_slots", max_slots)
+        self._empty_pool = PagePool.create(num_pages=num_pages, page_size=page_size)
+        self.page_size, self.num_pages = page_size, num_pages
+        holds = self._empty_pool.capacity * page_size
+        if max_seq_len is None:
+            max_seq_len = min(self.config.max_position_embeddings, holds)
+        self.max_seq_len = _positive_int("max_seq_len", max_seq_len, least=2)
+        if self.max_seq_len > self.config.max_position_embeddings:
+            raise UsageError(
+                f"max_seq_len={max_seq_len} is not accepted; the model's "
+                f"max_position_embeddings is {self.config.max_position_embeddings}"
+            )
+        self.pages_per_seq = pages_for(self.max_seq_len, page_size)
+        if prefill_buckets is None:
+            prefill_buckets = default_buckets(self.max_seq_len - 1)
+        self.buckets = tuple(sorted({_positive_int("prefill bucket", b) for b in prefill_buckets}))
+        if not self.buckets:
+            raise UsageError("prefill_buckets is empty; give at least one prompt length")
+        self.attention_impl = attention_impl
+        self._params = jax.device_put(model.params)
+        self._params_shape = _shape_of(self._params)
+        self._compile()
+        self._reset_buffers()
+        self.last_stats: GenerateStats | None = None
+
+    # -- device programs -------------------------------------------------------------------
+
+    def _compile(self) -> None:
+        c, S, P = self.config, self.max_slots, self.pages_per_seq
+        cache = _shape_of(
+            jax.eval_shape(
+                functools.partial(
+                    init_cache, c, num_pages=self.num_pages, page_size=self.page_size
+                )
+            )
+        )
+        logits = jax.ShapeDtypeStruct((S, c.vocab_size), jnp.float32)
+
+        def i32(*shape):
+            return jax.ShapeDtypeStruct(shape, jnp.int32)
+
+        step = jax.jit(
+            functools.partial(decode_step, config=c, attention_impl=self.attention_impl),
+            donate_argnums=(1, 2),
+        )
+        self._step = step.lower(
+            self._params_shape, cache, logits, i32(S, P), i32(S), i32(S),
+            jax.ShapeDtypeStruct((S, 2), jnp.uint32), i32(S),
+            jax.ShapeDtypeStruct((S,), jnp.float32), i32(S), jax.ShapeDtypeStruct((S,), jnp.float32),
+        ).compile()
+        prefill = jax.jit(functools.partial(prefill_into_slot, config=c), donate_argnums=(5, 6))
+        self._prefill = {
+            T: prefill.lower(
+                self._params_shape, i32(1, T), i32(1), i32(1, P), i32(), cache, logits
+            ).compile()
+            for T in self.buckets
+        }
+
+    def _reset_buffers(self) -> None:
+        self._cache = init_cache(self.config, num_pages=self.num_pages, page_size=self.page_size)
+        self._logits = jnp.zeros((self.max_slots, self.config.vocab_size), jnp.float32)
+
+    def update_params(self, params: dict) -> None:
+        """Generate with other weights of the same shapes and dtypes (no recompilation)."""
+        if _shape_of(params) != self._params_shape:
+            raise UsageError(
+                "the new parameters do not match the engine's model: the tree structure, shapes "
+                "and dtypes must be those the engine was built with"
+            )
+        self._params = jax.device_put(params)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _check(self, prompts, params, seeds) -> tuple[list[np.ndarray], list[SamplingParams]]:
+        n = len(prompts)
+        if isinstance(params, SamplingParams):
+            params = [params] * n
+        params = list(params)
+        if len(params) != n or len(seeds) != n:
+            raise UsageError(
+                f"got {n} prompts, {len(params)} sampling params and {len(seeds)} seeds; give one "
+                "SamplingParams (or one per prompt) and one seed per prompt"
+            )
+        V, biggest = self.config.vocab_size, self.buckets[-1]
+        checked = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            if not isinstance(p, SamplingParams):
+                raise UsageError(f"request {i}: sampling params {p!r} is not a SamplingParams")
+            tokens = np.asarray(prompt)
+            if tokens.ndim != 1 or tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
+                raise UsageError(f"request {i}: a prompt is a non-empty list of token ids")
+            if tokens.min() < 0 or tokens.max() >= V:
+                raise UsageError(f"request {i}: prompt token ids must be in [0, {V})")
+            bad_stops = [s for s in p.stop_token_ids if s >= V]
+            if bad_stops:
+                raise UsageError(f"request {i}: stop_token_ids {bad_stops} are not in [0, {V})")
+            total = tokens.size + p.max_tokens
+            if tokens.size > biggest:
+                raise UsageError(
+                    f"request {i}: prompt of {tokens.size} tokens is longer than the largest "
+                    f"prefill bucket, {biggest}"
+                )
+            if total > self.max_seq_len or pages_for(total, self.page_size) > self._empty_pool.capacity:
+                raise UsageError(
+                    f"request {i}: prompt of {tokens.size} tokens + max_tokens {p.max_tokens} = "
+                    f"{total} exceeds the engine's max_seq_len {self.max_seq_len} or its "
+                    f"{self._empty_pool.capacity} pages of {self.page_size} tokens"
+                )
+            checked.append(tokens.astype(np.int32))
+        return checked, params
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        seeds: Sequence[int],
+        *,
+        batching: str = "continuous",
+    ) -> list[Completion]:
+        """Complete every prompt; ``completions[i]`` belongs to ``prompts[i]``.
+
+        Args:
+          prompts: token ids of each prompt.
+          params: one ``SamplingParams`` for all, or one per prompt.
+          seeds: one seed in ``[0, 2**64)`` per prompt (``sampling`` says how keys derive from it).
+          batching: ``"continuous"`` (a request enters as soon as a slot and pages are free) or
+            ``"static"`` (a new batch starts only when the whole previous batch has finished).
+            The completions are the same either way; only the time differs.
+
+        Raises:
+          UsageError: a prompt, seed or parameter is not accepted (the message names it).
+        """
+        if batching not in BATCHING:
+            raise UsageError(f"batching={batching!r} is not accepted; accepted: {', '.join(BATCHING)}")
+        prompts, params = self._check(prompts, params, seeds)
+        key_data = np.stack([seed_key_data(s) for s in seeds]) if seeds else np.zeros((0, 2))
+        try:
+            return self._run(prompts, params, key_data, static=batching == "static")
+        except BaseException:
+            self._reset_buffers()  # donated buffers may be gone mid-step
+            raise
+
+    def _run(self, prompts, params, key_data, *, static: bool) -> list[Completion]:
+        n, S, P = len(prompts), self.max_slots, self.pages_per_seq
+        lengths = [p.size for p in prompts]
+        temperature = np.array([p.temperature for p in params], np.float32)
+        top_k = np.array([p.top_k for p in params], np.int32)
+        top_p = np.array([p.top_p for p in params], np.float32)
+        stops = [p.stop_ids(self.config.eos_token_ids) for p in params]
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[np.float32]] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        state = scheduler.Schedule.start(n, max_slots=S, pool=self._empty_pool)
+        steps = prefills = preemptions = replayed = allocated = cached = 0
+        admissions = []
+        while not state.done:
+            state, decisions = scheduler.plan(state, lengths, static=static)
+            preemptions += len(decisions.preempted)
+            for request, slot in decisions.admitted:
+                self._prefill_request(prompts[request], state.pool.table_row(request, P), slot)
+                admissions.append((steps, request, slot))
+                prefills += 1
+            inputs = self._step_inputs(state, lengths, tokens, key_data, temperature, top_k, top_p)
+            self._cache, self._logits, out_tokens, out_logprobs = self._step(
+                self._params, self._cache, self._logits, *inputs
+            )
+            out_tokens, out_logprobs = np.asarray(out_tokens), np.asarray(out_logprobs)
+            finished = []
+            for slot, request in enumerate(state.slots):
+                if request is None:
+                    continue
+                t = state.cached[request] - lengths[request]
+                if t < len(tokens[request]):
+                    if out_logprobs[slot].tobytes() != logprobs[request][t].tobytes():
+                        raise RlxError(
+                            f"request {request}: token {t} replayed after a preemption with "
+                            f"log-prob {out_logprobs[slot]!r}, first computed as "
+                            f"{logprobs[request][t]!r}; the engine is not batch-invariant here"
+                        )
+                    replayed += 1
+                    continue
+                token = int(out_tokens[slot])
+                tokens[request].append(token)
+                logprobs[request].append(out_logprobs[slot])
+                reason = finish_reason(token, t + 1, params[request].max_tokens, stops[request])
+                if reason is not None:
+                    reasons[request] = reason
+                    finished.append(request)
+            steps += 1
+            allocated += state.pool.num_used * self.page_size
+            cached += sum(state.cached[r] + 1 for r in state.running)
+            state = scheduler.advance(state, finished)
+        self.last_stats = GenerateStats(
+            steps, prefills, preemptions, sum(map(len, tokens)), replayed, allocated, cached,
+            tuple(admissions),
+        )
+        return [
+            Completion(
+                _frozen(np.array(tokens[i], np.int32)),
+                _frozen(np.array(logprobs[i], np.float32)),
+                reasons[i],
+                lengths[i],
+            )
+            for i in range(n)
+        ]
+
+    def _prefill_request(self, prompt: np.ndarray, page_row: np.ndarray, slot: int) -> None:
+        bucket = next(b for b in self.buckets if b >= prompt.size)
+        padded = np.zeros((1, bucket), np.int32)
+        padded[0, : prompt.size] = prompt
+        self._cache, self._logits = self._prefill[bucket](
+            self._params, padded, np.array([prompt.size], np.int32), page_row[None],
+            np.int32(slot), self._cache, self._logits,
+        )
+
+    def _step_inputs(self, state, lengths, tokens, key_data, temperature, top_k, top_p):
+        S, P = self.max_slots, self.pages_per_seq
+        table = np.zeros((S, P), np.int32)
+        positions = np.full(S, -1, np.int32)
+        forced = np.full(S, -1, np.int32)
+        keys = np.zeros((S, 2), np.uint32)
+        index = np.zeros(S, np.int32)
+        temp, k, p = np.zeros(S, np.float32), np.zeros(S, np.int32), np.ones(S, np.float32)
+        for slot, request in enumerate(state.slots):
+            if request is None:
+                continue
+            table[slot] = state.pool.table_row(request, P)
+            positions[slot] = state.cached[request]
+            t = state.cached[request] - lengths[request]
+            index[slot] = t
+            if t < len(tokens[request]):
+                forced[slot] = tokens[request][t]
+            keys[slot] = key_data[request]
+            temp[slot], k[slot], p[slot] = temperature[request], top_k[request], top_p[request]
+        return table, positions, forced, keys, index, temp, k, p
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array

@@ -1,0 +1,140 @@
+"""Continuous batching decisions: which request runs in which slot, who is preempted.
+
+A pure state machine over request ids; the engine runs the device work it decides. Request ids are
+positions in the arrival order (the order of ``Engine.generate``'s prompts): lower is older.
+
+Each engine step is ``plan`` (decide), the device work, then ``advance`` (record). ``plan``:
+
+1. *Grow.* Every running request, oldest first, gets the pages for the token the step will write
+   (``cached + 1`` tokens). When the pool is short, the youngest running request is preempted by
+   recompute: its pages and slot are freed and it goes back to the queue, keeping the tokens it
+   generated (the engine replays them when it is readmitted). The oldest running request is never
+   preempted for a younger one, so it always progresses and the run terminates.
+2. *Admit.* Unless a preemption happened in this plan (readmitting at once would thrash), queued
+   requests, oldest first, take the free slots (lowest slot first) while the pool holds their
+   prompt plus the first generated token. Static batching admits only into an empty batch.
+
+A readmitted request is prefilled from its prompt alone: its cache then holds exactly the bits it
+held before (see ``engine``), whatever the slots and pages it gets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping, Sequence
+
+from runtime.inference.pages import PagePool
+
+
+@dataclasses.dataclass(frozen=True)
+class Decisions:
+    """What one ``plan`` decided: preempted request ids and ``(request, slot)`` admissions."""
+
+    preempted: tuple[int, ...] = ()
+    admitted: tuple[tuple[int, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The batcher's state.
+
+    Attributes:
+      slots: the request in each decode slot, or None.
+      waiting: queued request ids, ascending (oldest first).
+      cached: running request id -> tokens in its KV cache (the position its next token takes).
+      pool: the page allocator; a running request's pages are ``pool.owned(request)``.
+    """
+
+    slots: tuple[int | None, ...]
+    waiting: tuple[int, ...]
+    cached: Mapping[int, int]
+    pool: PagePool
+
+    @classmethod
+    def start(cls, num_requests: int, *, max_slots: int, pool: PagePool) -> Schedule:
+        """All requests queued, every slot empty, every page free."""
+        if pool.num_used:
+            raise ValueError(f"a schedule starts from an empty pool; {pool.num_used} pages are used")
+        empty = types.MappingProxyType({})
+        return cls((None,) * max_slots, tuple(range(num_requests)), empty, pool)
+
+    @property
+    def running(self) -> tuple[int, ...]:
+        """Running request ids, ascending."""
+        return tuple(sorted(r for r in self.slots if r is not None))
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and all(r is None for r in self.slots)
+
+    def slot_of(self, request: int) -> int:
+        return self.slots.index(request)
+
+
+def _preempt(state: Schedule, request: int) -> Schedule:
+    cached = dict(state.cached)
+    del cached[request]
+    slots = tuple(None if r == request else r for r in state.slots)
+    return Schedule(
+        slots,
+        tuple(sorted(state.waiting + (request,))),
+        types.MappingProxyType(cached),
+        state.pool.release(request),
+    )
+
+
+def plan(
+    state: Schedule, prompt_lengths: Sequence[int], *, static: bool = False
+) -> tuple[Schedule, Decisions]:
+    """Reserve pages for the next step, preempting and admitting as the module docstring says.
+
+    Args:
+      state: the schedule after the previous ``advance``.
+      prompt_lengths: prompt length of every request, by id.
+      static: admit only when no request is running (static batching).
+
+    Returns:
+      The new schedule (admitted requests have ``cached`` = their prompt length) and the decisions.
+    """
+    preempted: list[int] = []
+    for request in state.running:
+        if request in preempted:
+            continue
+        while not state.pool.fits(request, state.cached[request] + 1):
+            victim = state.running[-1]
+            state = _preempt(state, victim)
+            preempted.append(victim)
+            if victim == request:
+                break
+        else:
+            state = dataclasses.replace(
+                state, pool=state.pool.grow(request, state.cached[request] + 1)
+            )
+    admitted: list[tuple[int, int]] = []
+    if not preempted and not (static and state.running):
+        slots, waiting, cached, pool = list(state.slots), list(state.waiting), dict(state.cached), state.pool
+        for slot in range(len(slots)):
+            if slots[slot] is not None:
+                continue
+            if not waiting or not pool.fits(waiting[0], prompt_lengths[waiting[0]] + 1):
+                break
+            request = waiting.pop(0)
+            pool = pool.grow(request, prompt_lengths[request] + 1)
+            slots[slot], cached[request] = request, prompt_lengths[request]
+            admitted.append((request, slot))
+        state = Schedule(tuple(slots), tuple(waiting), types.MappingProxyType(cached), pool)
+    if state.waiting and not state.running:
+        raise AssertionError(f"request {state.waiting[0]} cannot fit an empty pool")
+    return state, Decisions(tuple(preempted), tuple(admitted))
+
+
+def advance(state: Schedule, finished: Sequence[int] = ()) -> Schedule:
+    """Record a step: every running request cached one more token; ``finished`` ones leave."""
+    cached = {r: n + 1 for r, n in state.cached.items()}
+    pool, slots = state.pool, state.slots
+    for request in finished:
+        del cached[request]
+        pool = pool.release(request)
+        slots = tuple(None if r == request else r for r in slots)
+    return Schedule(slots, state.waiting, types.MappingProxyType(cached), pool)
