@@ -9,7 +9,7 @@ Entry points:
 - ``char_tokenizer`` for the built-in synthetic tasks.
 """
 
-from runtime.model.config import ModelConfig
+from runtime.model.config import ModelConfig, RopeScaling
 from runtime.model.hf import load_hf, save_hf
 from runtime.model.model import Model
 from runtime.model.tokenizer import (
@@ -31,6 +31,7 @@ __all__ = [
     "Model",
     "ModelConfig",
     "PAD_ID",
+    "RopeScaling",
     "UNK_ID",
     "char_tokenizer",
     "decode",

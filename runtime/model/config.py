@@ -9,6 +9,33 @@ import jax.numpy as jnp
 from runtime.errors import UsageError
 
 ARCHITECTURES = ("llama", "qwen2")
+ROPE_TYPES = ("linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Rotary frequency scaling (see ``runtime.model.rope``); ``None`` in a config means none."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        if self.rope_type not in ROPE_TYPES:
+            raise UsageError(
+                f"rope scaling type {self.rope_type!r} is not supported; accepted: "
+                f"{', '.join(ROPE_TYPES)} (or no scaling)"
+            )
+        if not self.factor > 0 or not self.high_freq_factor > self.low_freq_factor > 0:
+            raise UsageError(
+                f"rope scaling factor={self.factor!r}, low_freq_factor={self.low_freq_factor!r}, "
+                f"high_freq_factor={self.high_freq_factor!r}: need factor > 0 and "
+                "high_freq_factor > low_freq_factor > 0"
+            )
+
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -33,6 +60,7 @@ class ModelConfig:
     intermediate_size: int
     head_dim: int | None = None
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     qkv_bias: bool = False

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from runtime.errors import UsageError
-from runtime.model.config import ARCHITECTURES, ModelConfig
+from runtime.model.config import ARCHITECTURES, ModelConfig, RopeScaling
 from runtime.model.transformer import init_params
 
 HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -24,16 +24,49 @@ HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
-def _rope_theta(hf: Mapping[str, Any], source: str) -> float:
-    """``rope_theta`` from a Transformers 4 (``rope_theta``/``rope_scaling``) or 5 config."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+def _rope(hf: Mapping[str, Any], source: str) -> tuple[float, RopeScaling | None]:
+    """``(rope_theta, scaling)`` from a Transformers 4 (``rope_theta`` + ``rope_scaling``) or
+    Transformers 5 (``rope_parameters``) config."""
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise UsageError(
-            f"{source}: rope type {rope_type!r} is not supported; accepted: 'default' "
-            "(plain rotary embeddings with rope_theta)"
+    if rope_type == "default":
+        return theta, None
+    fields = {
+        k: rope[k]
+        for k in (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
         )
-    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        if k in rope
+    }
+    try:
+        return theta, RopeScaling(rope_type=rope_type, **fields)
+    except (UsageError, TypeError) as e:
+        raise UsageError(f"{source}: {e}") from e
+
+
+def _rope_to_hf(config: ModelConfig) -> dict[str, Any]:
+    scaling = config.rope_scaling
+    if scaling is None:
+        parameters: dict[str, Any] = {"rope_type": "default"}
+    elif scaling.rope_type == "linear":
+        parameters = {"rope_type": "linear", "factor": scaling.factor}
+    else:
+        parameters = {
+            "rope_type": scaling.rope_type,
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
+    return {
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None if scaling is None else parameters,
+        "rope_parameters": {**parameters, "rope_theta": config.rope_theta},
+    }
 
 
 def config_from_hf(
@@ -66,6 +99,7 @@ def config_from_hf(
     ]
     if missing:
         raise UsageError(f"{source}: missing required fields {', '.join(missing)}")
+    rope_theta, rope_scaling = _rope(hf, source)
     if arch == "qwen2":
         qkv_bias, o_bias = True, False
     else:
@@ -78,7 +112,8 @@ def config_from_hf(
         num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         intermediate_size=hf["intermediate_size"],
         head_dim=hf.get("head_dim"),
-        rope_theta=_rope_theta(hf, source),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
@@ -119,9 +154,7 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         "hidden_act": "silu",
         "max_position_embeddings": c.max_position_embeddings,
         "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+        **_rope_to_hf(c),
         "tie_word_embeddings": c.tie_word_embeddings,
         "initializer_range": c.initializer_range,
         "bos_token_id": c.bos_token_id,

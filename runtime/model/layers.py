@@ -1,4 +1,4 @@
-"""Building blocks of the decoder: RMSNorm, rotary embeddings, attention projections, SwiGLU MLP.
+"""Building blocks of the decoder: RMSNorm, attention projections, SwiGLU MLP.
 
 Parameter names follow Hugging Face's Llama / Qwen2 modules (``q_proj``, ``input_layernorm``, …)
 so the checkpoint mapping is a rename plus a transpose. Attention itself is not computed here:
@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from runtime.model.config import ModelConfig
+from runtime.model.rope import apply_rotary, rotary_angles
 
 # attend(q_BTHD, k_BTKD, v_BTKD) -> (attn_BTHD, state): the attention of one layer.
 Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, object]]
@@ -43,23 +44,6 @@ class RMSNorm(nn.Module):
         return (scale_D * normed_BTD).astype(self.config.compute_dtype)
 
 
-def rotary_angles(positions_BT: jax.Array, head_dim: int, theta: float) -> jax.Array:
-    """``angles_BTF = position * theta^(-2f / head_dim)`` for ``f < head_dim / 2``, float32."""
-    exponents_F = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-    inv_freq_F = 1.0 / (jnp.float32(theta) ** exponents_F)
-    return positions_BT.astype(jnp.float32)[..., None] * inv_freq_F
-
-
-def apply_rotary(x_BTND: jax.Array, angles_BTF: jax.Array) -> jax.Array:
-    """Rotate the two halves of each head (Hugging Face's ``rotate_half`` convention)."""
-    cos_BT1D = jnp.cos(jnp.concatenate([angles_BTF, angles_BTF], -1))[:, :, None, :]
-    sin_BT1D = jnp.sin(jnp.concatenate([angles_BTF, angles_BTF], -1))[:, :, None, :]
-    half = x_BTND.shape[-1] // 2
-    rotated_BTND = jnp.concatenate([-x_BTND[..., half:], x_BTND[..., :half]], axis=-1)
-    out_BTND = x_BTND * cos_BT1D.astype(x_BTND.dtype) + rotated_BTND * sin_BT1D.astype(x_BTND.dtype)
-    return out_BTND.astype(x_BTND.dtype)
-
-
 class Attention(nn.Module):
     """Projections of grouped-query attention; the attention itself is ``attend``."""
 
@@ -80,7 +64,7 @@ class Attention(nn.Module):
     ) -> tuple[jax.Array, object]:
         c = self.config
         B, T, _ = x_BTD.shape
-        angles_BTF = rotary_angles(positions_BT, c.head_dim, c.rope_theta)
+        angles_BTF = rotary_angles(positions_BT, c)
         q_BTHD = apply_rotary(self.q_proj(x_BTD).reshape(B, T, c.num_heads, c.head_dim), angles_BTF)
         k_BTKD = apply_rotary(
             self.k_proj(x_BTD).reshape(B, T, c.num_kv_heads, c.head_dim), angles_BTF

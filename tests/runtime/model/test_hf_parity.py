@@ -18,7 +18,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from runtime.errors import UsageError  # noqa: E402
-from runtime.model import Model, ModelConfig, char_tokenizer, load_hf, save_hf  # noqa: E402
+from runtime.model import (  # noqa: E402
+    Model,
+    ModelConfig,
+    RopeScaling,
+    char_tokenizer,
+    load_hf,
+    save_hf,
+)
 
 VOCAB = 97
 TOL = 1e-4
@@ -41,6 +48,22 @@ VARIANTS = {
             num_key_value_heads=4,
             tie_word_embeddings=True,
             attention_bias=True,
+        ),
+    ),
+    "llama_llama3_rope": (
+        "LlamaConfig",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            # A 16-token original context puts head_dim 16's frequencies in all three bands.
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 50000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
         ),
     ),
     "qwen2_gqa_tied_theta": (
@@ -154,6 +177,7 @@ def _our_model(config: ModelConfig, seed: int) -> Model:
         ("llama", dict(num_kv_heads=2, rope_theta=2500.0)),
         ("llama", dict(num_kv_heads=4, tie_word_embeddings=True, qkv_bias=True, o_bias=True)),
         ("qwen2", dict(num_kv_heads=1, qkv_bias=True, tie_word_embeddings=True, rope_theta=1e6)),
+        ("llama", dict(num_kv_heads=2, rope_scaling=RopeScaling("linear", factor=4.0))),
     ],
 )
 def test_save_hf_loads_in_transformers(arch, kwargs, tmp_path):
@@ -222,6 +246,10 @@ def test_missing_and_unsupported_checkpoints_are_named(tmp_path):
         load_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
     with pytest.raises(UsageError, match=r"missing weights model\.layers\.2\."):
+        load_hf(tmp_path)
+    yarn = {**config, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}}
+    (tmp_path / "config.json").write_text(json.dumps(yarn))
+    with pytest.raises(UsageError, match="rope scaling type 'yarn' is not supported"):
         load_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").unlink()
