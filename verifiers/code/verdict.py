@@ -54,3 +54,12 @@ def stderr_excerpt(run: RunResult, limit: int = 300) -> str:
         return ""
     last = lines[-1].strip()
     return last if len(last) <= limit else last[: limit - 3] + "..."
+
+
+def first_error(run: RunResult, limit: int = 300) -> str:
+    """The first stderr line that reports an error (a compiler's diagnostic), shortened."""
+    for line in run.stderr.decode("utf-8", "replace").splitlines():
+        if "error" in line.lower():
+            line = line.strip()
+            return line if len(line) <= limit else line[: limit - 3] + "..."
+    return stderr_excerpt(run, limit)

@@ -47,18 +47,18 @@ def _compile_limits(limits: Limits) -> Limits:
     )
 
 
-def _ended(live: LiveRun, failure: SolutionFailed, limits: Limits) -> tuple[Verdict, str, Timings]:
-    """The verdict of a call session the program ended or broke."""
-    run = live.result()
-    decided = verdict.classify(run, limits)
-    if decided is not None:
-        return decided[0], decided[1], _timings(run)
+def _failed(live: LiveRun, failure: SolutionFailed, limits: Limits) -> tuple[Verdict, str]:
+    """The verdict of a call that failed: by the reply if the session is sound, else by the run."""
+    if failure.kind == "unserialisable":
+        return Verdict.WA, str(failure)
     if failure.kind == "load_error":
         kind = Verdict.CE if str(failure).startswith("SyntaxError") else Verdict.RE
-        return kind, f"the solution failed to load: {failure}", _timings(run)
-    if failure.kind == "unserialisable":
-        return Verdict.WA, f"{failure}", _timings(run)
-    return Verdict.RE, str(failure), _timings(run)
+        return kind, f"the solution failed to load: {failure}"
+    if failure.kind == "ended":  # the run is over: its own verdict (TLE, MLE, ...) comes first
+        decided = verdict.classify(live.result(), limits)
+        if decided is not None:
+            return decided
+    return Verdict.RE, str(failure)
 
 
 class CodeVerifier:
@@ -89,9 +89,8 @@ class CodeVerifier:
             build = _timings(built)
             failed = verdict.classify(built, _compile_limits(problem.limits))
             if failed is not None or not built.stdout:
-                reason = failed[1] if failed else "no artifact"
-                excerpt = verdict.stderr_excerpt(built)
-                return self._outcome([TestResult(0, Verdict.CE, f"compile failed ({reason}): {excerpt}", build)])
+                reason = verdict.first_error(built) or (failed[1] if failed else "no artifact")
+                return self._outcome([TestResult(0, Verdict.CE, f"compile failed: {reason}", build)])
             files = {lang.artifact: built.stdout}
         else:
             files = {lang.source: source}
@@ -170,7 +169,7 @@ class CodeVerifier:
                     if problem.stop_early:
                         break
             except SolutionFailed as failure:
-                verdict_, detail, _ = _ended(live, failure, problem.limits)
+                verdict_, detail = _failed(live, failure, problem.limits)
                 results.append(TestResult(len(results), verdict_, detail))
             run = live.result()
         timed = _timings(run)
@@ -190,7 +189,7 @@ class CodeVerifier:
                 run_check_script(script, candidate)
                 result = TestResult(0, Verdict.AC, f"check passed ({session.calls} calls)")
             except SolutionFailed as failure:
-                verdict_, detail, _ = _ended(live, failure, problem.limits)
+                verdict_, detail = _failed(live, failure, problem.limits)
                 result = TestResult(0, verdict_, detail)
             except AssertionError as e:
                 message = str(e)[:200]
