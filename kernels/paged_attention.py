@@ -5,8 +5,8 @@ Cache layout (the layout of JAX's Pallas TPU paged-attention op):
 - ``k_pages_KNSD``, ``v_pages_KNSD``: ``[num_kv_heads, total_pages, page_size, head_dim]``;
 - ``lengths_B``: ``int32[B]``, the number of cached tokens of each sequence (0 = empty slot);
 - ``page_indices_BP``: ``int32[B, pages_per_seq]``, the physical page holding logical page ``p``
-  of sequence ``b``; entries past a sequence's last page are padding (usually a reserved null page)
-  and are never read as valid data.
+  of sequence ``b``; entries past a sequence's last page are padding and are never read as valid
+  data, but must still be page ids in ``[0, total_pages)`` (use a reserved null page).
 
 Each query head ``h`` attends with kv head ``h // (num_heads // num_kv_heads)`` (grouped-query
 attention). For sequence ``b`` with ``n = lengths_B[b]`` cached tokens ``k_0..k_{n-1}``:
