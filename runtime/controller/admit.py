@@ -1,0 +1,121 @@
+"""Which inputs from the outside world enter the ledger: ``admit(state, event) -> reason | None``.
+
+The I/O loop admits each input against the state folded so far and appends only admitted
+ones; a rejected input is answered to its sender and never written. So the ledger holds
+exactly one completion per request (I4): a duplicate from a zombie worker, a completion that
+arrives after its group was discarded or consumed, or one produced from other weights than the
+request names is dropped here. Audit checks the same rules over a ledger
+(``runtime.controller.invariants``), so an edited ledger cannot hide a second completion.
+
+Work may therefore run more than once (a lease expires, the request is leased again, both
+workers finish); its completion is recorded once, whichever valid one arrives first. Rollouts
+are pure functions of (weights, prompt, sampling, seed), so which one wins does not matter.
+"""
+
+from __future__ import annotations
+
+from ledger import events as ev
+from runtime.controller.state import ControllerState
+
+INPUT_KINDS = frozenset({
+    ev.RunStarted, ev.ControllerStarted, ev.WorkerJoined, ev.WorkerLost, ev.RolloutCompleted,
+    ev.RolloutAbandoned, ev.OutcomeRecorded, ev.TrainStepCompleted, ev.WeightsPublished,
+})
+"""Event kinds that enter from outside (workers, the clock, the shell)."""
+
+DECISION_KINDS = frozenset({
+    ev.PromptsSampled, ev.RolloutRequested, ev.RolloutAssigned, ev.GroupDiscarded,
+    ev.BatchFormed, ev.VersionsRetired, ev.RunFinished,
+})
+"""Event kinds only ``decide`` emits."""
+
+
+def _request_problem(s: ControllerState, rollout_id: int) -> str | None:
+    if rollout_id in s.requests:
+        return None
+    if 0 <= rollout_id < s.next_rollout_id:
+        return f"rollout {rollout_id} is no longer live (its group was consumed or discarded)"
+    return f"rollout {rollout_id} was never requested"
+
+
+def _completion(s: ControllerState, e: ev.RolloutCompleted) -> str | None:
+    problem = _request_problem(s, e.rollout_id)
+    if problem:
+        return problem
+    r = s.requests[e.rollout_id]
+    if r.done:
+        return f"rollout {e.rollout_id} already has an accepted completion (duplicate)"
+    if not 0 <= e.attempt < r.attempts:
+        return f"rollout {e.rollout_id} has no lease attempt {e.attempt} (leases so far: {r.attempts})"
+    if e.policy_version != r.policy_version:
+        return f"rollout {e.rollout_id} was requested from version {r.policy_version}, not {e.policy_version}"
+    if e.weights_digest != s.versions.get(r.policy_version):
+        return f"rollout {e.rollout_id}: weights digest {e.weights_digest[:16]}… is not version {r.policy_version}'s"
+    return None
+
+
+def _outcome(s: ControllerState, e: ev.OutcomeRecorded) -> str | None:
+    problem = _request_problem(s, e.rollout_id)
+    if problem:
+        return problem
+    r = s.requests[e.rollout_id]
+    if not r.done:
+        return f"rollout {e.rollout_id} has no accepted completion to score"
+    if r.reward is not None:
+        return f"rollout {e.rollout_id} is already scored (duplicate)"
+    return None
+
+
+def _abandoned(s: ControllerState, e: ev.RolloutAbandoned) -> str | None:
+    r = s.requests.get(e.rollout_id)
+    if r is None or r.done or r.holder is None or e.attempt != r.attempts - 1:
+        return f"attempt {e.attempt} of rollout {e.rollout_id} is not an outstanding lease"
+    return None
+
+
+def _train_step(s: ControllerState, e: ev.TrainStepCompleted) -> str | None:
+    if e.step <= s.trained:
+        return f"step {e.step} is already trained (duplicate)"
+    if e.step != s.trained + 1 or e.step > s.formed or s.latest != e.step - 1:
+        return f"step {e.step} cannot complete now (trained {s.trained}, formed {s.formed}, latest {s.latest})"
+    return None
+
+
+def _weights(s: ControllerState, e: ev.WeightsPublished) -> str | None:
+    if e.version <= s.latest:
+        return f"version {e.version} is already published (duplicate)"
+    if e.version != s.latest + 1 or (e.version > 0 and e.version != s.trained):
+        return f"version {e.version} cannot be published now (latest {s.latest}, trained {s.trained})"
+    if e.version > 0 and (e.parent_version != e.version - 1 or e.parent_digest != s.versions.get(e.version - 1)):
+        return f"version {e.version} does not name version {e.version - 1} and its digest as parent"
+    return None
+
+
+def admit(state: ControllerState, event: ev.Event) -> str | None:
+    """None if ``event`` may be appended after ``state``, else why it is rejected (one line)."""
+    kind = type(event)
+    if kind not in INPUT_KINDS:
+        return f"{event.KIND} is decided by the controller, not submitted"
+    if state.spec is None and kind is not ev.RunStarted:
+        return "the run has not started"
+    if state.finished and kind in (ev.RolloutCompleted, ev.OutcomeRecorded, ev.RolloutAbandoned):
+        return "the run is finished"
+    if kind is ev.RolloutCompleted:
+        return _completion(state, event)
+    if kind is ev.OutcomeRecorded:
+        return _outcome(state, event)
+    if kind is ev.RolloutAbandoned:
+        return _abandoned(state, event)
+    if kind is ev.TrainStepCompleted:
+        return _train_step(state, event)
+    if kind is ev.WeightsPublished:
+        return _weights(state, event)
+    if kind is ev.WorkerJoined:
+        return f"worker {event.worker_id!r} is already joined" if event.worker_id in state.workers else None
+    if kind is ev.WorkerLost:
+        return None if event.worker_id in state.workers else f"worker {event.worker_id!r} is not joined"
+    if kind is ev.RunStarted:
+        return "the run has already started" if state.spec is not None else None
+    if kind is ev.ControllerStarted and event.epoch <= state.epoch:
+        return f"epoch {event.epoch} is not above {state.epoch}"
+    return None

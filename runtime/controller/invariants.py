@@ -1,0 +1,282 @@
+"""The invariants I1–I8 of DESIGN.md, checked over a ledger's events.
+
+Pure: ``check(events)`` takes the events of one run (plain, numbered from 1, or stored with
+their seqs) and returns every violation found, each naming the invariant, the seq and what is
+wrong. It trusts nothing the controller wrote: it recomputes staleness, group membership,
+seeds and the version chain from the events themselves, so a hand-edited ledger (a rollout
+consumed twice, a completion duplicated, a batch beyond the staleness bound) is caught even
+where the edit keeps the hash chain valid. ``rlx audit check`` and the property tests use it.
+
+I6 is checked by replaying the ledger with decision checking (``replay``); I8's second half
+(each digest matches the stored weights) needs the parameter store, passed as ``digest_of``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from ledger import events as ev
+from ledger.store import StoredEvent
+from runtime import rng
+from runtime.controller.replay import ReplayDivergence, replay
+from runtime.controller.spec import DETERMINISTIC, ControllerSpec, SpecError
+
+NAMES = {
+    "I1": "staleness <= k for every consumed rollout",
+    "I2": "each completed rollout consumed at most once",
+    "I3": "a group enters one batch whole, from one policy version",
+    "I4": "exactly one accepted completion per request",
+    "I5": "no needed parameter version is retired",
+    "I6": "folding the log reproduces the logged decisions",
+    "I7": "deterministic mode: batch content is a function of seed, data and weights",
+    "I8": "versions form a chain and match the stored weights",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """One broken invariant at one event."""
+
+    invariant: str
+    seq: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant} at seq {self.seq}: {self.message}"
+
+
+class _Checker:
+    def __init__(self, digest_of: Callable[[int], str | None] | None):
+        self.digest_of = digest_of
+        self.out: list[Violation] = []
+        self.spec: ControllerSpec | None = None
+        self.requests: dict[int, ev.RolloutRequested] = {}
+        self.groups: dict[int, list[int]] = defaultdict(list)
+        self.leases: dict[int, int] = defaultdict(int)
+        self.completed: dict[int, ev.RolloutCompleted] = {}
+        self.scored: set[int] = set()
+        self.discarded: set[int] = set()
+        self.consumed: dict[int, int] = {}
+        self.group_step: dict[int, int] = {}
+        self.versions: dict[int, str] = {}  # published and retained
+        self.digests: dict[int, str] = {}  # every published version
+        self.retired: set[int] = set()
+        self.latest = -1
+        self.trained = 0
+        self.requested_batch = 0
+        self.open_batches: dict[int, int] = {}  # deterministic: unformed batch -> version
+        self.incomplete: dict[int, int] = defaultdict(int)  # version -> live incomplete requests
+
+    def flag(self, inv: str, seq: int, msg: str) -> None:
+        self.out.append(Violation(inv, seq, msg))
+
+    def _settle(self, rid: int) -> None:
+        """A request stops being outstanding (completed, discarded or consumed)."""
+        q = self.requests[rid]
+        if rid not in self.completed:
+            self.incomplete[q.policy_version] -= 1
+
+    def run(self, seq: int, e: ev.Event) -> None:
+        kind = type(e)
+        if kind is ev.RunStarted:
+            try:
+                self.spec = ControllerSpec.from_config(e.config, e.seed)
+            except SpecError as err:
+                self.flag("I6", seq, f"RunStarted config unusable: {err}")
+        elif kind is ev.RolloutRequested:
+            self._requested(seq, e)
+        elif kind is ev.RolloutAssigned:
+            q = self.requests.get(e.rollout_id)
+            if q is not None and q.policy_version in self.retired:
+                self.flag("I5", seq, f"rollout {e.rollout_id} leased after its version {q.policy_version} was retired")
+            self.leases[e.rollout_id] += 1
+        elif kind is ev.RolloutCompleted:
+            self._completed(seq, e)
+        elif kind is ev.OutcomeRecorded:
+            if e.rollout_id not in self.completed:
+                self.flag("I4", seq, f"outcome for rollout {e.rollout_id}, which has no accepted completion")
+            elif e.rollout_id in self.scored:
+                self.flag("I4", seq, f"second outcome for rollout {e.rollout_id}")
+            self.scored.add(e.rollout_id)
+        elif kind is ev.GroupDiscarded:
+            if e.group_id in self.group_step:
+                self.flag("I3", seq, f"group {e.group_id} discarded after entering batch {self.group_step[e.group_id]}")
+            elif e.group_id not in self.discarded:
+                for rid in self.groups.get(e.group_id, ()):
+                    self._settle(rid)
+            self.discarded.add(e.group_id)
+        elif kind is ev.BatchFormed:
+            self._batch(seq, e)
+        elif kind is ev.TrainStepCompleted:
+            if e.step != self.trained + 1:
+                self.flag("I8", seq, f"step {e.step} completed after step {self.trained}")
+            self.trained = e.step
+        elif kind is ev.WeightsPublished:
+            self._published(seq, e)
+        elif kind is ev.VersionsRetired:
+            self._retired(seq, e)
+
+    def _requested(self, seq: int, e: ev.RolloutRequested) -> None:
+        if e.rollout_id in self.requests:
+            self.flag("I4", seq, f"rollout {e.rollout_id} requested twice")
+            return
+        if e.policy_version in self.retired:
+            self.flag("I5", seq, f"rollout {e.rollout_id} requested from retired version {e.policy_version}")
+        self.requests[e.rollout_id] = e
+        self.groups[e.group_id].append(e.rollout_id)
+        self.incomplete[e.policy_version] += 1
+        if self.spec is not None and self.spec.mode == DETERMINISTIC:
+            self.requested_batch = max(self.requested_batch, e.batch)
+            self.open_batches.setdefault(e.batch, e.policy_version)
+
+    def _completed(self, seq: int, e: ev.RolloutCompleted) -> None:
+        rid = e.rollout_id
+        q = self.requests.get(rid)
+        if q is None:
+            self.flag("I4", seq, f"completion of rollout {rid}, which was never requested")
+            return
+        if rid in self.completed:
+            self.flag("I4", seq, f"second completion of rollout {rid} (first by {self.completed[rid].worker_id})")
+            return
+        if q.group_id in self.discarded or rid in self.consumed:
+            self.flag("I4", seq, f"late completion of rollout {rid}: its group is discarded or consumed")
+            return
+        if not 0 <= e.attempt < self.leases[rid]:
+            self.flag("I4", seq, f"completion of rollout {rid} attempt {e.attempt}, never leased ({self.leases[rid]} leases)")
+        if e.policy_version != q.policy_version:
+            self.flag("I4", seq, f"rollout {rid} requested from version {q.policy_version}, completed by {e.policy_version}")
+        elif e.weights_digest != self.versions.get(q.policy_version):
+            self.flag("I4", seq, f"rollout {rid} completed with weights {e.weights_digest[:16]}…, not version {q.policy_version}'s")
+        self.completed[rid] = e
+        self.incomplete[q.policy_version] -= 1
+
+    def _batch(self, seq: int, e: ev.BatchFormed) -> None:
+        s, spec = e.step, self.spec
+        in_batch = set(e.rollout_ids)
+        if len(in_batch) != len(e.rollout_ids):
+            self.flag("I2", seq, f"batch {s} lists a rollout twice")
+        if len(e.policy_versions) != len(e.rollout_ids):
+            self.flag("I1", seq, f"batch {s} lists {len(e.policy_versions)} versions for {len(e.rollout_ids)} rollouts")
+        for i, rid in enumerate(e.rollout_ids):
+            q = self.requests.get(rid)
+            if q is None:
+                self.flag("I2", seq, f"batch {s} consumes rollout {rid}, which was never requested")
+                continue
+            if rid in self.consumed:
+                self.flag("I2", seq, f"batch {s} consumes rollout {rid} again (first by batch {self.consumed[rid]})")
+            elif rid not in self.completed or rid not in self.scored:
+                self.flag("I2", seq, f"batch {s} consumes rollout {rid} before its completion and outcome")
+            if i < len(e.policy_versions) and e.policy_versions[i] != q.policy_version:
+                self.flag("I1", seq, f"batch {s} lists version {e.policy_versions[i]} for rollout {rid}, requested from {q.policy_version}")
+            if spec is not None and (s - 1) - q.policy_version > spec.max_staleness:
+                self.flag("I1", seq, f"rollout {rid} of version {q.policy_version} used in step {s}: staleness "
+                                     f"{(s - 1) - q.policy_version} > {spec.max_staleness}")
+            if q.group_id not in e.group_ids:
+                self.flag("I3", seq, f"batch {s} takes rollout {rid} without naming its group {q.group_id}")
+            if rid not in self.consumed:
+                self._settle(rid)
+            self.consumed.setdefault(rid, s)
+        for gid in e.group_ids:
+            members = self.groups.get(gid, [])
+            if gid in self.discarded:
+                self.flag("I3", seq, f"batch {s} takes discarded group {gid}")
+            if gid in self.group_step:
+                self.flag("I3", seq, f"batch {s} takes group {gid} again (first in batch {self.group_step[gid]})")
+            self.group_step.setdefault(gid, s)
+            missing = [r for r in members if r not in in_batch]
+            if missing or not members:
+                self.flag("I3", seq, f"batch {s} takes group {gid} without its rollouts {missing or 'all'}")
+            if len({self.requests[r].policy_version for r in members}) > 1:
+                self.flag("I3", seq, f"group {gid} mixes policy versions")
+        if spec is not None and spec.mode == DETERMINISTIC:
+            self._deterministic(seq, e)
+            self.open_batches.pop(s, None)
+
+    def _deterministic(self, seq: int, e: ev.BatchFormed) -> None:
+        spec, s = self.spec, e.step
+        version = spec.batch_version(s)
+        ordinals = []
+        for gid in e.group_ids:
+            members = self.groups.get(gid, [])
+            for sample, rid in enumerate(members):
+                q = self.requests[rid]
+                if q.batch != s or q.policy_version != version:
+                    self.flag("I7", seq, f"batch {s} takes rollout {rid} requested for batch {q.batch} from "
+                                         f"version {q.policy_version}; it must come from version {version}")
+                if q.seed != rng.rollout_seed(spec.seed, s, q.ordinal, sample):
+                    self.flag("I7", seq, f"rollout {rid} has seed {q.seed}, not the one of (batch {s}, "
+                                         f"group {q.ordinal}, sample {sample})")
+            if members:
+                q = self.requests[members[0]]
+                ordinals.append(q.ordinal)
+                G = spec.groups_per_batch
+                want = (rng.stream_prompt(spec.seed, spec.dataset_size, (s - 1) * G + q.ordinal)[1]
+                        if q.ordinal < G else rng.resample_prompt(spec.seed, spec.dataset_size, s, q.ordinal))
+                if q.prompt_index != want:
+                    self.flag("I7", seq, f"group {gid} of batch {s} has prompt {q.prompt_index}, not {want}")
+        if ordinals != sorted(ordinals):
+            self.flag("I7", seq, f"batch {s} is not in group-ordinal order: {ordinals}")
+
+    def _published(self, seq: int, e: ev.WeightsPublished) -> None:
+        v = e.version
+        if v != self.latest + 1:
+            self.flag("I8", seq, f"version {v} published after version {self.latest}")
+        if v > 0:
+            if e.parent_version != v - 1 or e.parent_digest != self.digests.get(v - 1):
+                self.flag("I8", seq, f"version {v} names parent {e.parent_version} {e.parent_digest[:16]}…, "
+                                     f"not version {v - 1}")
+            if self.trained != v:
+                self.flag("I8", seq, f"version {v} published without train step {v}")
+        if self.digest_of is not None:
+            stored = self.digest_of(v)
+            if stored is not None and stored != e.digest:
+                self.flag("I8", seq, f"version {v}: stored weights have digest {stored[:16]}…, the ledger says {e.digest[:16]}…")
+        self.versions[v] = e.digest
+        self.digests[v] = e.digest
+        self.latest = max(self.latest, v)
+
+    def _retired(self, seq: int, e: ev.VersionsRetired) -> None:
+        spec = self.spec
+        for v in e.versions:
+            if v not in self.versions:
+                self.flag("I5", seq, f"retires version {v}, which is not a retained published version")
+                continue
+            if v == self.latest:
+                self.flag("I5", seq, f"retires the newest version {v}, which a resume needs")
+            if self.incomplete.get(v, 0) > 0:
+                self.flag("I5", seq, f"retires version {v} while {self.incomplete[v]} requests from it are outstanding")
+            if spec is not None and spec.mode == DETERMINISTIC:
+                if v in self.open_batches.values():
+                    self.flag("I5", seq, f"retires version {v}, which an unformed batch samples from")
+                if self.requested_batch < spec.steps and v >= spec.batch_version(self.requested_batch + 1):
+                    self.flag("I5", seq, f"retires version {v}, which batch {self.requested_batch + 1} will sample from")
+            del self.versions[v]
+            self.retired.add(v)
+
+
+def check(events: Iterable[ev.Event | StoredEvent], *, digest_of: Callable[[int], str | None] | None = None,
+          decisions: bool = True) -> list[Violation]:
+    """Every violation of I1–I8 in a run's events, in ledger order.
+
+    Args:
+        events: the run's events, plain (numbered from 1) or stored (with their seqs).
+        digest_of: the parameter store's digest of a version, or None when it is not stored
+            (evicted); enables the weights half of I8.
+        decisions: also replay with decision checking (I6).
+    """
+    events = list(events)
+    checker = _Checker(digest_of)
+    for i, item in enumerate(events, start=1):
+        if isinstance(item, StoredEvent):
+            checker.run(item.seq, item.event)
+        else:
+            checker.run(i, item)
+    out = checker.out
+    if decisions:
+        try:
+            replay(events)
+        except ReplayDivergence as err:
+            out.append(Violation("I6", err.seq, str(err)))
+    return out

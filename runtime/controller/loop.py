@@ -1,0 +1,305 @@
+"""The controller's I/O shell: the single writer of a run's ledger.
+
+Every call that brings news from outside (a worker joined or left, completions, outcomes, a
+train step, an observed lease expiry) goes through :meth:`ControllerLoop.submit`:
+
+1. each input is checked by ``admit`` against the state folded so far; rejected ones get a
+   :class:`Verdict` with the reason and are not written (I4);
+2. ``decide`` runs on the state after the admitted inputs;
+3. inputs and decisions are appended in **one** transaction, at the expected head and under the
+   loop's writer epoch. A newer controller has fenced this one if that raises ``Fenced`` (or
+   ``AppendConflict``): the loop then refuses every further call, and nothing was written.
+
+Only after the append does the in-memory state advance, so the state is always the fold of the
+committed ledger. The clock is read here and nowhere else: :meth:`expire` turns leases and
+workers that have been silent for ``lease_timeout_s`` into ``RolloutAbandoned`` and
+``WorkerLost`` inputs. Verification and training are leased in memory only (re-running them is
+harmless: both are pure and their results are admitted once).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from ledger import events as ev
+from ledger.errors import AppendConflict, Fenced
+from ledger.store import EventStore, StoredEvent
+from runtime.controller.admit import admit
+from runtime.controller.cache import RolloutCache
+from runtime.controller.decide import decide_and_fold
+from runtime.controller.reduce import reduce
+from runtime.controller.replay import replay
+from runtime.controller.state import INITIAL, ControllerState
+from runtime.controller.workers import (
+    ACCEPTED,
+    INFERENCE,
+    ROLES,
+    InitTask,
+    Lease,
+    ScoreTask,
+    TrainRollout,
+    TrainTask,
+    Verdict,
+)
+from runtime.errors import RlxError, UsageError
+
+Clock = Callable[[], float]
+
+
+class ControllerFenced(RlxError):
+    """This controller lost the writer epoch to a newer one; it must stop."""
+
+
+class ControllerLoop:
+    """Admits inputs, decides, appends; answers workers' pulls. Thread-safe.
+
+    Create with :meth:`create` (a new run) or :meth:`resume` (an existing one).
+
+    Args:
+        on_retire: called with the versions of each committed ``VersionsRetired`` (e.g. to
+            delete them from the parameter store); a crash before it runs is repaired by
+            :meth:`evictable_versions` after a resume.
+        clock: seconds, monotonic; used for lease expiry only.
+        lease_timeout_s: silence after which a worker is lost and a lease is given up.
+    """
+
+    def __init__(self, store: EventStore, run_id: str, epoch: int, *, clock: Clock = time.monotonic,
+                 lease_timeout_s: float = 120.0, on_retire: Callable[[tuple[int, ...]], None] | None = None):
+        self.store = store
+        self.run_id = run_id
+        self.epoch = epoch
+        self.clock = clock
+        self.lease_timeout_s = float(lease_timeout_s)
+        self.on_retire = on_retire
+        self.cache = RolloutCache()
+        self.head_seq = 0
+        self.rejected = 0
+        self._state = INITIAL
+        self._lock = threading.RLock()
+        self._fenced: str | None = None
+        self._seen: dict[str, float] = {}  # worker id -> last call
+        self._held: dict[str, dict[int, None]] = {}  # worker id -> rollout ids leased to it (lazily pruned)
+        self._leased_at: dict[int, float] = {}  # rollout id -> time of its current lease
+        self._shell_leases: dict[tuple[str, int], float] = {}  # (kind, id) -> hand-out time
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, store: EventStore, *, run_id: str, config: dict, config_digest: str, seed: int,
+               fingerprint: dict | None = None, **kwargs) -> ControllerLoop:
+        """Start a new run: create it in ``store``, take epoch 1, append ``RunStarted``."""
+        store.create_run(run_id)
+        loop = cls(store, run_id, store.acquire_epoch(run_id), **kwargs)
+        started = ev.RunStarted(run_id, config, config_digest, int(seed), dict(fingerprint or {}))
+        verdicts = loop.submit([started, ev.ControllerStarted(loop.epoch, 0, dict(fingerprint or {}))])
+        if not all(v.accepted for v in verdicts):
+            raise UsageError(f"cannot start run {run_id!r}: {[v.reason for v in verdicts if not v.accepted]}")
+        return loop
+
+    @classmethod
+    def resume(cls, store: EventStore, run_id: str, *, check: bool = True, fingerprint: dict | None = None,
+               **kwargs) -> ControllerLoop:
+        """Continue a run: take a new writer epoch (fencing any older controller), fold the
+        ledger (checking every decision when ``check``), append ``ControllerStarted``.
+
+        Every lease of the previous controller is given back by ``ControllerStarted``; workers
+        join again and the requests are leased anew.
+        """
+        loop = cls(store, run_id, store.acquire_epoch(run_id), **kwargs)
+
+        def tap(items: Iterable[StoredEvent]):
+            for item in items:
+                loop.cache.observe(item.event)
+                loop.head_seq = item.seq
+                yield item
+
+        loop._state = replay(tap(store.read(run_id)), check=check)
+        loop.submit([ev.ControllerStarted(loop.epoch, loop.head_seq, dict(fingerprint or {}))])
+        return loop
+
+    # -- core -----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ControllerState:
+        """The fold of the committed ledger."""
+        return self._state
+
+    @property
+    def finished(self) -> bool:
+        return self._state.finished
+
+    def submit(self, inputs: Sequence[ev.Event]) -> list[Verdict]:
+        """Admit ``inputs``, decide, and append both in one transaction (see module docstring)."""
+        with self._lock:
+            if self._fenced:
+                raise ControllerFenced(self._fenced)
+            state = self._state
+            accepted: list[ev.Event] = []
+            verdicts: list[Verdict] = []
+            for e in inputs:
+                reason = admit(state, e)
+                if reason is None:
+                    state = reduce(state, e)
+                    accepted.append(e)
+                    verdicts.append(ACCEPTED)
+                else:
+                    self.rejected += 1
+                    verdicts.append(Verdict(False, reason))
+            if not accepted:
+                return verdicts
+            decisions, state = decide_and_fold(state)
+            batch = accepted + decisions
+            try:
+                head = self.store.append(self.run_id, batch, expected_seq=self.head_seq, epoch=self.epoch)
+            except (Fenced, AppendConflict) as e:
+                self._fenced = f"controller of run {self.run_id!r} at epoch {self.epoch} is fenced: {e}"
+                raise ControllerFenced(self._fenced) from e
+            self._state = state
+            self.head_seq = head.seq
+            now = self.clock()
+            for e in batch:
+                self._observe(e, now)
+            return verdicts
+
+    def _observe(self, e: ev.Event, now: float) -> None:
+        self.cache.observe(e)
+        kind = type(e)
+        if kind is ev.RolloutAssigned:
+            self._held.setdefault(e.worker_id, {})[e.rollout_id] = None
+            self._leased_at[e.rollout_id] = now
+        elif kind is ev.VersionsRetired and self.on_retire is not None:
+            self.on_retire(tuple(e.versions))
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def _one(self, event: ev.Event) -> Verdict:
+        return self.submit([event])[0]
+
+    def join(self, worker_id: str, role: str, *, slots: int = 1, info: dict | None = None) -> Verdict:
+        """Register a worker (again, after a controller restart or its own)."""
+        if role not in ROLES:
+            raise UsageError(f"worker role {role!r} is not accepted; accepted: {', '.join(ROLES)}")
+        with self._lock:
+            self._seen[worker_id] = self.clock()
+            return self._one(ev.WorkerJoined(worker_id, role, dict(info or {}), int(slots)))
+
+    def leave(self, worker_id: str, reason: str = "shutdown") -> Verdict:
+        return self._one(ev.WorkerLost(worker_id, reason))
+
+    def heartbeat(self, worker_id: str) -> None:
+        with self._lock:
+            self._seen[worker_id] = self.clock()
+
+    def leases(self, worker_id: str) -> list[Lease]:
+        """The worker's current leases (also a heartbeat). Empty if it is not joined."""
+        with self._lock:
+            self._seen[worker_id] = self.clock()
+            s = self._state
+            held = self._held.get(worker_id)
+            if not held:
+                return []
+            out = []
+            for rid in list(held):
+                r = s.requests.get(rid)
+                if r is None or r.holder != worker_id:
+                    del held[rid]
+                    continue
+                q = self.cache.requests[rid]
+                out.append(Lease(rid, r.attempts - 1, q.group_id, q.batch, q.ordinal, q.prompt_index,
+                                 q.policy_version, s.versions[q.policy_version], q.seed, q.sampling))
+            return out
+
+    def complete(self, completions: Sequence[ev.RolloutCompleted]) -> list[Verdict]:
+        return self.submit(completions)
+
+    def scoring_work(self, worker_id: str, limit: int) -> list[ScoreTask]:
+        """Up to ``limit`` completed, unscored rollouts not handed out in the last lease period."""
+        with self._lock:
+            now = self.clock()
+            self._seen[worker_id] = now
+            out = []
+            for rid in self.cache.unscored:
+                if len(out) >= limit:
+                    break
+                key = ("score", rid)
+                if now - self._shell_leases.get(key, -float("inf")) < self.lease_timeout_s:
+                    continue
+                self._shell_leases[key] = now
+                c = self.cache.completions[rid]
+                out.append(ScoreTask(rid, self.cache.requests[rid].prompt_index, c))
+            return out
+
+    def record_outcomes(self, outcomes: Sequence[ev.OutcomeRecorded]) -> list[Verdict]:
+        verdicts = self.submit(outcomes)
+        with self._lock:
+            for o in outcomes:
+                self._shell_leases.pop(("score", o.rollout_id), None)
+        return verdicts
+
+    def train_task(self, worker_id: str) -> TrainTask | InitTask | None:
+        """Version 0 to publish, the next step to train, or None (nothing ready or handed out)."""
+        with self._lock:
+            now = self.clock()
+            self._seen[worker_id] = now
+            s = self._state
+            if s.spec is None or s.finished:
+                return None
+            if s.latest < 0:
+                key = ("train", 0)
+            elif s.trained < s.formed and s.latest == s.trained:
+                key = ("train", s.trained + 1)
+            else:
+                return None
+            if now - self._shell_leases.get(key, -float("inf")) < self.lease_timeout_s:
+                return None
+            self._shell_leases[key] = now
+            if key[1] == 0:
+                return InitTask()
+            step = key[1]
+            batch = self.cache.batches[step]
+            c = self.cache
+            rollouts = tuple(TrainRollout(c.requests[r], c.completions[r], c.outcomes[r]) for r in batch.rollout_ids)
+            return TrainTask(step, step - 1, s.versions[step - 1], batch, rollouts)
+
+    def publish(self, events: Sequence[ev.TrainStepCompleted | ev.WeightsPublished]) -> list[Verdict]:
+        """Submit a train step's ``TrainStepCompleted`` + ``WeightsPublished`` (or version 0)."""
+        verdicts = self.submit(events)
+        with self._lock:
+            for e in events:
+                step = e.step if isinstance(e, ev.TrainStepCompleted) else e.version
+                self._shell_leases.pop(("train", step), None)
+        return verdicts
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def expire(self) -> list[Verdict]:
+        """Turn silence into events: workers silent for the lease timeout are lost (their leases
+        go back to the queue); leases older than the timeout are abandoned."""
+        with self._lock:
+            now = self.clock()
+            s = self._state
+            inputs: list[ev.Event] = []
+            lost = set()
+            for wid in sorted(s.workers.keys()):
+                if now - self._seen.get(wid, now) >= self.lease_timeout_s:
+                    inputs.append(ev.WorkerLost(wid, "heartbeat timeout"))
+                    lost.add(wid)
+            for r in sorted(s.requests.values()):
+                if r.holder is None or r.holder in lost:
+                    continue
+                if now - self._leased_at.get(r.rollout_id, now) >= self.lease_timeout_s:
+                    inputs.append(ev.RolloutAbandoned(r.rollout_id, r.attempts - 1, "lease expired"))
+            return self.submit(inputs) if inputs else []
+
+    def evictable_versions(self, stored: Iterable[int]) -> tuple[int, ...]:
+        """Of the versions in the parameter store, those the run has retired (to delete after a
+        resume; versions above the newest published one may be a put in progress and are kept)."""
+        s = self._state
+        return tuple(sorted(v for v in stored if v <= s.latest and v not in s.versions))
+
+    def inference_workers(self) -> list[str]:
+        """Joined inference workers, in join order."""
+        s = self._state
+        return [w.worker_id for w in sorted(s.workers.values(), key=lambda w: w.order) if w.role == INFERENCE]

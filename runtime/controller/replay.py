@@ -1,0 +1,109 @@
+"""Replay: fold a ledger while checking every logged decision against a re-run of ``decide``.
+
+The I/O loop appends a run of inputs and then ``decide`` of the state after them, to a fixpoint.
+So a valid ledger alternates *input runs* and *decision runs* (event kinds are one or the other,
+see ``admit.DECISION_KINDS``), and
+
+- at the start of every decision run, ``decide(state)`` equals the logged run, event by event;
+- at the end of the ledger, ``decide(state)`` is empty (the loop appends decisions in the same
+  transaction as the inputs that caused them, so no complete ledger ends before them).
+
+The first disagreement raises :class:`ReplayDivergence` with the seq, the kind and the first
+differing field, like Temporal's non-determinism error but comparing payloads too (I6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ledger import events as ev
+from ledger.store import StoredEvent
+from runtime.controller.admit import DECISION_KINDS
+from runtime.controller.decide import decide
+from runtime.controller.reduce import InvalidEvent, reduce
+from runtime.controller.state import INITIAL, ControllerState
+from runtime.errors import RlxError
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class ReplayDivergence(RlxError):
+    """The ledger is not what the controller decides: ``seq``, ``kind`` and ``field`` say where.
+
+    ``logged`` and ``decided`` are the two values of ``field`` (an event kind when ``field``
+    is ``"kind"``; None where one side has no event).
+    """
+
+    def __init__(self, seq: int, kind: str, field: str, logged: Any, decided: Any, detail: str = ""):
+        self.seq, self.kind, self.field = seq, kind, field
+        self.logged, self.decided = logged, decided
+        what = detail or f"field {field!r}: logged {_short(logged)}, decided {_short(decided)}"
+        super().__init__(f"replay diverges at seq {seq} ({kind}): {what}")
+
+
+def _stored(events: Iterable[ev.Event | StoredEvent]) -> Iterable[tuple[int, ev.Event]]:
+    for i, item in enumerate(events, start=1):
+        if isinstance(item, StoredEvent):
+            yield item.seq, item.event
+        else:
+            yield i, item
+
+
+def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState = INITIAL,
+           check: bool = True) -> ControllerState:
+    """Fold ``events`` (plain events numbered from 1, or stored events with their seqs).
+
+    With ``check`` every decision run is compared with ``decide``; without it this is a plain
+    fold that still rejects events that cannot apply. Returns the final state.
+
+    Raises:
+        ReplayDivergence: a logged decision differs from the decided one, a decision is missing
+            or extra, or an event cannot follow the state before it (field ``"event"``).
+    """
+    expected: list[ev.Event] | None = None  # decide() at the start of the current decision run
+    cursor = 0
+    seq = 0
+    for seq, event in _stored(events):
+        if check:
+            if type(event) in DECISION_KINDS:
+                if expected is None:
+                    expected, cursor = decide(state), 0
+                if cursor >= len(expected):
+                    raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, None,
+                                           f"logged {event.KIND} was not decided (decide had {len(expected)} events here)")
+                want = expected[cursor]
+                field = event.first_difference(want)
+                if field == "KIND":
+                    raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, want.KIND)
+                if field is not None:
+                    raise ReplayDivergence(seq, event.KIND, field, getattr(event, field), getattr(want, field))
+                cursor += 1
+            elif expected is not None:
+                _missing(seq, event, expected, cursor)
+                expected = None
+        try:
+            state = reduce(state, event)
+        except InvalidEvent as e:
+            raise ReplayDivergence(seq, event.KIND, "event", event.KIND, None, str(e)) from None
+    if check:
+        if expected is not None:
+            _missing(seq + 1, None, expected, cursor)
+        else:
+            tail = decide(state)
+            if tail:
+                _missing(seq + 1, None, tail, 0)
+    return state
+
+
+def _missing(seq: int, event: ev.Event | None, expected: list[ev.Event], cursor: int) -> None:
+    if cursor < len(expected):
+        want = expected[cursor]
+        at = f"before {event.KIND}" if event is not None else "at the end of the ledger"
+        raise ReplayDivergence(
+            seq, event.KIND if event is not None else "end", "kind", event.KIND if event is not None else None,
+            want.KIND, f"decided {want.KIND} ({len(expected) - cursor} decisions) missing {at}",
+        )

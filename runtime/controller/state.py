@@ -1,0 +1,174 @@
+"""The controller's state: an immutable value folded from the ledger.
+
+Records are ``NamedTuple``s and collections are persistent hash maps (``immutables.Map``, a
+HAMT as in PEP 567) or sorted tuples, so every update returns a new value that shares almost
+everything with the old one: ``reduce`` costs O(log n) per event, and any earlier state stays
+valid (a property test keeps every prefix's state and compares it with a re-fold).
+
+Only live work is kept: a group and its requests leave the state when the group enters a batch
+or is discarded; a version leaves it when it is retired. The ledger keeps the history.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import NamedTuple
+
+import immutables
+
+from runtime.controller.spec import ControllerSpec
+
+
+class Request(NamedTuple):
+    """One live rollout request; ``attempts`` counts its leases, ``holder`` has the current one."""
+
+    rollout_id: int
+    group_id: int
+    policy_version: int
+    attempts: int = 0
+    holder: str | None = None
+    done: bool = False
+    reward: float | None = None
+
+
+class Group(NamedTuple):
+    """A live group: ``group_size`` samples of one prompt from one policy version (I3).
+
+    ``uniform`` stays true while every recorded reward equals ``first_reward``.
+    """
+
+    group_id: int
+    batch: int
+    ordinal: int
+    prompt_index: int
+    policy_version: int
+    rollout_ids: tuple[int, ...]
+    completed: int = 0
+    scored: int = 0
+    first_reward: float | None = None
+    uniform: bool = True
+
+    @property
+    def resolved(self) -> bool:
+        """Every sample completed and scored."""
+        return self.scored == len(self.rollout_ids)
+
+
+class Worker(NamedTuple):
+    """A joined worker; inference workers hold up to ``slots`` leases, ``active`` of them now."""
+
+    worker_id: str
+    role: str
+    slots: int
+    order: int
+    active: int = 0
+
+
+class Plan(NamedTuple):
+    """Deterministic mode: the groups requested for one batch that is not formed yet.
+
+    ``groups`` are group ids by ordinal; ``good`` and ``uniform`` the ordinals of resolved
+    groups with differing and with identical rewards (``uniform`` stays empty unless groups are
+    filtered).
+    """
+
+    batch: int
+    version: int
+    groups: tuple[int, ...] = ()
+    good: tuple[int, ...] = ()
+    uniform: tuple[int, ...] = ()
+
+    @property
+    def resolved(self) -> int:
+        return len(self.good) + len(self.uniform)
+
+
+EMPTY: immutables.Map = immutables.Map()
+
+
+class ControllerState(NamedTuple):
+    """Everything ``decide`` needs, folded from the ledger by ``reduce``.
+
+    Attributes:
+        spec: the run's scheduling parameters (None before ``RunStarted``).
+        run_id, config_digest: from ``RunStarted``.
+        epoch: writer epoch of the newest ``ControllerStarted``.
+        finished: ``RunFinished`` was decided.
+        next_rollout_id, next_group_id: the next ids to hand out.
+        position: the prompt stream's cursor (prompts drawn in order so far).
+        requested: deterministic mode: the last batch whose groups were requested.
+        label: freshest mode: (batch, ordinal) of the next group; it names the group's seeds.
+        formed: the last batch formed (steps consume batches of the same number).
+        trained: the last step completed.
+        latest: the newest published version, -1 before version 0.
+        versions: published, unretired versions and their digests.
+        requests, groups: live rollout requests and groups by id.
+        plans: deterministic mode: requested, unformed batches.
+        ready: freshest mode: resolved groups in the order they resolved.
+        pending: unleased live requests, ascending ids (leases go out in id order).
+        workers: joined workers by id.
+        free: (order, worker id) of inference workers with a free slot, ascending.
+        joins: number of joins so far; a worker's ``order``.
+        version_refs: live incomplete requests per policy version.
+        group_versions: live groups per policy version.
+        discards: freshest mode: groups dropped for uniform rewards since the last batch.
+    """
+
+    spec: ControllerSpec | None = None
+    run_id: str = ""
+    config_digest: str = ""
+    epoch: int = 0
+    finished: bool = False
+    next_rollout_id: int = 0
+    next_group_id: int = 0
+    position: int = 0
+    requested: int = 0
+    label: tuple[int, int] = (1, 0)
+    formed: int = 0
+    trained: int = 0
+    latest: int = -1
+    versions: immutables.Map = EMPTY
+    requests: immutables.Map = EMPTY
+    groups: immutables.Map = EMPTY
+    plans: immutables.Map = EMPTY
+    ready: tuple[int, ...] = ()
+    pending: tuple[int, ...] = ()
+    workers: immutables.Map = EMPTY
+    free: tuple[tuple[int, str], ...] = ()
+    joins: int = 0
+    version_refs: immutables.Map = EMPTY
+    group_versions: immutables.Map = EMPTY
+    discards: int = 0
+
+    def leases_of(self, worker_id: str) -> list[Request]:
+        """The requests leased to ``worker_id`` now, ascending ids (O(live requests))."""
+        return sorted((r for r in self.requests.values() if r.holder == worker_id), key=lambda r: r.rollout_id)
+
+    def unscored(self) -> list[int]:
+        """Completed live requests without an outcome, ascending ids."""
+        return sorted(r.rollout_id for r in self.requests.values() if r.done and r.reward is None)
+
+
+INITIAL = ControllerState()
+
+
+def insert_sorted(items: tuple, item) -> tuple:
+    """``items`` (ascending) with ``item`` added; unchanged if present."""
+    i = bisect_left(items, item)
+    if i < len(items) and items[i] == item:
+        return items
+    return items[:i] + (item,) + items[i:]
+
+
+def remove_sorted(items: tuple, item) -> tuple:
+    """``items`` (ascending) without ``item``; unchanged if absent."""
+    i = bisect_left(items, item)
+    if i < len(items) and items[i] == item:
+        return items[:i] + items[i + 1 :]
+    return items
+
+
+def bump(counts: immutables.Map, key: int, delta: int) -> immutables.Map:
+    """``counts`` with ``counts[key] += delta``; keys that reach zero are removed."""
+    n = counts.get(key, 0) + delta
+    return counts.set(key, n) if n else counts.delete(key)

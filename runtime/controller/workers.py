@@ -1,0 +1,145 @@
+"""What workers receive from the controller and the interfaces they implement.
+
+Workers are stateless consumers that pull work: an inference worker joins with a number of
+slots, polls its leases and submits completions; a verifier asks for completed rollouts to score;
+the trainer asks for the next step. The same calls serve threads in one process and remote
+workers behind a gRPC service. A worker that dies simply stops calling: its leases expire, the
+requests go to other workers, and a late or duplicate submission is answered with a rejection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+from ledger.events import (
+    BatchFormed,
+    OutcomeRecorded,
+    RolloutCompleted,
+    RolloutRequested,
+    TrainStepCompleted,
+    WeightsPublished,
+)
+
+INFERENCE = "inference"
+VERIFIER = "verifier"
+TRAINER = "trainer"
+ROLES = (INFERENCE, VERIFIER, TRAINER)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """One rollout to generate: a pure function of (weights, prompt, sampling, seed).
+
+    Submit the result as ``RolloutCompleted(rollout_id, worker_id, attempt, policy_version,
+    weights_digest, tokens, logprobs, finish_reason)``.
+    """
+
+    rollout_id: int
+    attempt: int
+    group_id: int
+    batch: int
+    ordinal: int
+    prompt_index: int
+    policy_version: int
+    weights_digest: str
+    seed: int
+    sampling: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreTask:
+    """A completed rollout to verify; answer with ``OutcomeRecorded(rollout_id, …)``."""
+
+    rollout_id: int
+    prompt_index: int
+    completion: RolloutCompleted
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRollout:
+    """One rollout of a training batch with everything the trainer needs."""
+
+    request: RolloutRequested
+    completion: RolloutCompleted
+    outcome: OutcomeRecorded
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainTask:
+    """Train step ``step``: load version ``step - 1`` and its optimizer state, consume the batch
+    (rollouts in training order), put version ``step`` into the parameter store and submit
+    ``TrainStepCompleted(step, …)`` and ``WeightsPublished(step, digest, step - 1, parent_digest)``.
+    """
+
+    step: int
+    parent_version: int
+    parent_digest: str
+    batch: BatchFormed
+    rollouts: tuple[TrainRollout, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class InitTask:
+    """Publish version 0 (the initial weights): submit ``WeightsPublished(0, digest, -1, "")``."""
+
+    version: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The answer to one submitted input: accepted into the ledger, or rejected and why."""
+
+    accepted: bool
+    reason: str | None = None
+
+
+ACCEPTED = Verdict(True)
+
+
+class Controller(Protocol):
+    """The calls workers make (implemented by ``ControllerLoop``, and by its gRPC front)."""
+
+    def join(self, worker_id: str, role: str, *, slots: int = 1, info: dict | None = None) -> Verdict: ...
+
+    def leave(self, worker_id: str, reason: str = "shutdown") -> Verdict: ...
+
+    def leases(self, worker_id: str) -> list[Lease]: ...
+
+    def complete(self, completions: Sequence[RolloutCompleted]) -> list[Verdict]: ...
+
+    def scoring_work(self, worker_id: str, limit: int) -> list[ScoreTask]: ...
+
+    def record_outcomes(self, outcomes: Sequence[OutcomeRecorded]) -> list[Verdict]: ...
+
+    def train_task(self, worker_id: str) -> TrainTask | InitTask | None: ...
+
+    def publish(self, events: Sequence[TrainStepCompleted | WeightsPublished]) -> list[Verdict]: ...
+
+
+class InferenceWorker(Protocol):
+    """Generates rollouts for its leases (batch-invariant: each result depends on its lease only)."""
+
+    worker_id: str
+    slots: int
+
+    def generate(self, leases: Sequence[Lease]) -> list[RolloutCompleted]: ...
+
+
+class VerifierWorker(Protocol):
+    """Scores completed rollouts."""
+
+    worker_id: str
+
+    def score(self, tasks: Sequence[ScoreTask]) -> list[OutcomeRecorded]: ...
+
+
+class TrainerWorker(Protocol):
+    """Publishes version 0 and runs train steps (each a pure function of its inputs)."""
+
+    worker_id: str
+
+    def initialize(self, task: InitTask) -> WeightsPublished: ...
+
+    def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]: ...
