@@ -169,6 +169,9 @@ class Engine:
         def i32(*shape):
             return jax.ShapeDtypeStruct(shape, jnp.int32)
 
+        def f32(*shape):
+            return jax.ShapeDtypeStruct(shape, jnp.float32)
+
         step = jax.jit(
             functools.partial(decode_step, config=c, attention_impl=self.attention_impl),
             donate_argnums=(1, 2),
@@ -176,7 +179,7 @@ class Engine:
         self._step = step.lower(
             self._params_shape, cache, logits, i32(S, P), i32(S), i32(S),
             jax.ShapeDtypeStruct((S, 2), jnp.uint32), i32(S),
-            jax.ShapeDtypeStruct((S,), jnp.float32), i32(S), jax.ShapeDtypeStruct((S,), jnp.float32),
+            f32(S), i32(S), f32(S),
         ).compile()
         prefill = jax.jit(functools.partial(prefill_into_slot, config=c), donate_argnums=(5, 6))
         self._prefill = {
@@ -230,7 +233,8 @@ class Engine:
                     f"request {i}: prompt of {tokens.size} tokens is longer than the largest "
                     f"prefill bucket, {biggest}"
                 )
-            if total > self.max_seq_len or pages_for(total, self.page_size) > self._empty_pool.capacity:
+            fits_pool = pages_for(total, self.page_size) <= self._empty_pool.capacity
+            if total > self.max_seq_len or not fits_pool:
                 raise UsageError(
                     f"request {i}: prompt of {tokens.size} tokens + max_tokens {p.max_tokens} = "
                     f"{total} exceeds the engine's max_seq_len {self.max_seq_len} or its "
@@ -261,7 +265,9 @@ class Engine:
           UsageError: a prompt, seed or parameter is not accepted (the message names it).
         """
         if batching not in BATCHING:
-            raise UsageError(f"batching={batching!r} is not accepted; accepted: {', '.join(BATCHING)}")
+            raise UsageError(
+                f"batching={batching!r} is not accepted; accepted: {', '.join(BATCHING)}"
+            )
         prompts, params = self._check(prompts, params, seeds)
         key_data = np.stack([seed_key_data(s) for s in seeds]) if seeds else np.zeros((0, 2))
         try:

@@ -55,7 +55,7 @@ class Schedule:
     def start(cls, num_requests: int, *, max_slots: int, pool: PagePool) -> Schedule:
         """All requests queued, every slot empty, every page free."""
         if pool.num_used:
-            raise ValueError(f"a schedule starts from an empty pool; {pool.num_used} pages are used")
+            raise ValueError(f"a schedule starts from an empty pool; {pool.num_used} are used")
         empty = types.MappingProxyType({})
         return cls((None,) * max_slots, tuple(range(num_requests)), empty, pool)
 
@@ -113,7 +113,8 @@ def plan(
             )
     admitted: list[tuple[int, int]] = []
     if not preempted and not (static and state.running):
-        slots, waiting, cached, pool = list(state.slots), list(state.waiting), dict(state.cached), state.pool
+        slots, waiting = list(state.slots), list(state.waiting)
+        cached, pool = dict(state.cached), state.pool
         for slot in range(len(slots)):
             if slots[slot] is not None:
                 continue
