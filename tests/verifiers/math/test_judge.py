@@ -67,9 +67,10 @@ def test_tolerance_is_exact_rational():
 
 
 def test_no_extract_takes_the_text_whole():
-    assert judge_math("5", "The answer is 5").verdict is Verdict.AC
-    assert judge_math("5", "The answer is 5", MathConfig(extract=False)).verdict is not Verdict.AC
-    assert judge_math("5", " 5 ", MathConfig(extract=False)).verdict is Verdict.AC
+    extracted = judge_math("5", "The answer is 5")
+    assert extracted.verdict is Verdict.AC and "(answer_is)" in extracted.detail
+    whole = judge_math("5", " 5 ", MathConfig(extract=False))
+    assert whole.verdict is Verdict.AC and "(whole)" in whole.detail
 
 
 def test_bad_tolerance_names_the_value():
