@@ -1,4 +1,4 @@
-"""Process bookkeeping of the sandbox: subreaping, orphan reaping, processes of a uid.
+"""Process bookkeeping of the sandbox: subreaping, orphan reaping, sweeping a uid clean.
 
 The verifier makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) so that processes
 orphaned by a killed run are re-parented to it rather than to the host's init, and reaps them:
@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import threading
+import time
 from typing import Collection
 
+from verifiers.code import isolation
+
 _PR_SET_CHILD_SUBREAPER = 36
+_SURVIVOR_SWEEPS = 200
 _subreaper_lock = threading.Lock()
 _subreaper = False
 
@@ -95,3 +100,15 @@ def reap_orphans(sandbox_uids: Collection[int]) -> int:
                 except ChildProcessError:
                     pass
     return reaped
+
+
+def sweep(uid: int, uids: Collection[int]) -> bool:
+    """Kill and reap every process of ``uid``; True once none is left."""
+    for attempt in range(_SURVIVOR_SWEEPS):
+        reap_orphans(uids)
+        if not processes_of(uid):
+            return True
+        subprocess.run(isolation.kill_uid_argv(uid), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        time.sleep(min(0.05, 0.001 * (attempt + 1)))
+    return False

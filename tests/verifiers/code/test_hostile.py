@@ -7,7 +7,6 @@ the harness is unharmed, and a plain program run next on the same slots still pa
 from __future__ import annotations
 
 import os
-import pathlib
 import socket
 import threading
 import uuid

@@ -1,0 +1,288 @@
+"""One live sandboxed run: spawn, supervise, tear down (the I/O shell under ``Sandbox``).
+
+A run is spawned with ``posix_spawn`` (no Python code runs between fork and exec, so it is safe
+from any thread), supervised through one ``selectors`` loop (stdin fed without blocking, stdout
+and stderr read under one output cap, a pidfd for the exit, a wall-clock deadline), then torn
+down: the process tree is killed and every process of the slot's uid is gone and reaped.
+
+Nothing is judged here: a ``RunResult`` says what happened; ``verdict.classify`` decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Mapping
+
+from verifiers.code import isolation, processes
+from verifiers.code.isolation import Isolation, StagedFile
+
+_FIRST_FILE_FD = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What one sandboxed run did; measurements included, nothing decided.
+
+    ``exit_code`` is None when the run ended by a signal (``signal`` set) or was killed by the
+    harness (``timed_out`` or ``output_exceeded``); ``killed`` says the harness sent the kill.
+    """
+
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    output_exceeded: bool
+    killed: bool
+    wall_s: float
+
+
+class LiveRun:
+    """One running sandboxed program and its pipes (made by ``Sandbox.start``)."""
+
+    def __init__(self, level, uid, uids, argv, files, limits, executable):
+        self.limits = limits
+        self._uid, self._uids = uid, uids
+        self._level = level
+        self._run_dir: str | None = None
+        staged: list[StagedFile] = []
+        file_fds: list[int] = []
+        try:
+            if level is Isolation.NAMESPACES:
+                for i, (name, data) in enumerate(sorted(files.items())):
+                    fd = os.memfd_create(f"rlx-{name}")
+                    file_fds.append(fd)
+                    os.write(fd, data)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    mode = 0o555 if name in executable else 0o444
+                    staged.append(StagedFile(name, _FIRST_FILE_FD + i, mode))
+                cmd = isolation.namespaces_argv(argv, limits=limits, uid=uid, files=staged)
+                env: Mapping[str, str] = {}
+            else:
+                self._run_dir = self._make_run_dir(files, executable)
+                env = isolation.fallback_environment(self._run_dir)
+                cmd = ["/usr/bin/env", f"--chdir={self._run_dir}", "--"]
+                cmd += isolation.rlimits_argv(argv, limits=limits, uid=uid)
+            stdin_r, self._stdin = os.pipe()
+            self._stdout, stdout_w = os.pipe()
+            self._stderr, stderr_w = os.pipe()
+            actions = [
+                (os.POSIX_SPAWN_DUP2, stdin_r, 0),
+                (os.POSIX_SPAWN_DUP2, stdout_w, 1),
+                (os.POSIX_SPAWN_DUP2, stderr_w, 2),
+            ] + [(os.POSIX_SPAWN_DUP2, fd, _FIRST_FILE_FD + i) for i, fd in enumerate(file_fds)]
+            self._start = time.monotonic()
+            self.deadline = self._start + limits.wall_s
+            with processes.spawn_lock:
+                self.pid = os.posix_spawn(cmd[0], cmd, env, file_actions=actions, setsid=True)
+                processes.register(self.pid)
+        finally:
+            for fd in file_fds:
+                os.close(fd)
+        for fd in (stdin_r, stdout_w, stderr_w):
+            os.close(fd)
+        self._pidfd = os.pidfd_open(self.pid)
+        os.set_blocking(self._stdin, False)
+        self._pending = b""
+        self._stdin_open = True
+        self._out = bytearray()
+        self._err = bytearray()
+        self._out_taken = 0
+        self._open = {self._stdout: self._out, self._stderr: self._err}
+        self._selector = selectors.DefaultSelector()
+        for fd in self._open:
+            self._selector.register(fd, selectors.EVENT_READ)
+        self._selector.register(self._pidfd, selectors.EVENT_READ)
+        self._exited = False
+        self._status: int | None = None
+        self.timed_out = False
+        self.output_exceeded = False
+        self._killed = False
+        self._exited_first = False
+
+    def _make_run_dir(self, files, executable) -> str:
+        run_dir = tempfile.mkdtemp(prefix="rlx-run-")
+        os.mkdir(os.path.join(run_dir, "tmp"))
+        for name, data in files.items():
+            path = os.path.join(run_dir, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            os.chmod(path, 0o555 if name in executable else 0o444)
+        for path in (run_dir, os.path.join(run_dir, "tmp")):
+            os.chown(path, self._uid, self._uid)
+            os.chmod(path, 0o700)
+        return run_dir
+
+    # -- talking to the program ------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Queue ``data`` for the program's stdin (written as the program reads)."""
+        if self._stdin_open and data:
+            self._pending += data
+            self._pump(lambda: not self._pending)
+
+    def close_stdin(self) -> None:
+        """Close stdin once everything queued is written (the program then reads EOF)."""
+        self._pump(lambda: not self._pending)
+        if self._stdin_open:
+            self._close_stdin()
+
+    def read_line(self) -> bytes | None:
+        """The next line of stdout, or None if the run ended (exit, deadline, output cap)."""
+        def have_line() -> bool:
+            return b"\n" in self._out[self._out_taken :]
+
+        self._pump(have_line)
+        if not have_line():
+            return None
+        end = self._out.index(b"\n", self._out_taken) + 1
+        line = bytes(self._out[self._out_taken : end])
+        self._out_taken = end
+        return line
+
+    def finish(self) -> RunResult:
+        """Wait for the run to end (or kill it at the deadline) and return what it did."""
+        self._pump(lambda: False)
+        return self.result()
+
+    # -- supervision -----------------------------------------------------------------------
+
+    def _close_stdin(self) -> None:
+        if self._stdin_open:
+            with contextlib.suppress(KeyError):
+                self._selector.unregister(self._stdin)
+            os.close(self._stdin)
+            self._stdin_open = False
+            self._pending = b""
+
+    def _pump(self, done) -> None:
+        """Move bytes until ``done()``, or the run is over (exited and drained, or killed)."""
+        while not done():
+            if self._killed or (self._exited and not self._open):
+                return
+            if self._stdin_open:
+                events = selectors.EVENT_WRITE if self._pending else 0
+                if events:
+                    try:
+                        self._selector.modify(self._stdin, events)
+                    except KeyError:
+                        self._selector.register(self._stdin, events)
+                else:
+                    with contextlib.suppress(KeyError):
+                        self._selector.unregister(self._stdin)
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.timed_out = True
+                self._kill()
+                return
+            for key, _ in self._selector.select(left):
+                fd = key.fd
+                if fd == self._pidfd:
+                    self._on_exit()
+                elif fd == self._stdin:
+                    self._write_stdin()
+                else:
+                    self._read(fd)
+
+    def _write_stdin(self) -> None:
+        try:
+            written = os.write(self._stdin, self._pending[: 1 << 16])
+            self._pending = self._pending[written:]
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, OSError):  # the program closed its stdin or exited
+            self._close_stdin()
+
+    def _read(self, fd: int) -> None:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            self._selector.unregister(fd)
+            os.close(fd)
+            del self._open[fd]
+            return
+        self._open[fd].extend(chunk)
+        if len(self._out) + len(self._err) > self.limits.output_bytes:
+            self.output_exceeded = True
+            self._kill()
+
+    def _on_exit(self) -> None:
+        """The main process ended: kill what it left behind, so the pipes reach EOF."""
+        self._exited_first = not self._killed
+        self._selector.unregister(self._pidfd)
+        self._exited = True
+        self._collect()
+        self._close_stdin()
+        self._kill_tree()
+
+    def _collect(self) -> None:
+        if self._status is None:
+            # The rusage of a bwrap child would not include the program, so none is taken.
+            _, status = os.waitpid(self.pid, 0)
+            self._status = status
+            processes.unregister(self.pid)
+
+    def _kill_tree(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        if self._level is Isolation.RLIMITS:
+            subprocess.run(isolation.kill_uid_argv(self._uid), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+    def _kill(self) -> None:
+        self._killed = True
+        self._kill_tree()
+
+    def result(self) -> RunResult:
+        """Stop the run if still live and describe it."""
+        if not self._exited:
+            if not self._killed:
+                self._kill()
+            self._collect()
+            self._exited = True
+        assert self._status is not None
+        status = self._status
+        code = sig = None
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+        else:
+            code = os.WEXITSTATUS(status)
+            if self._level is Isolation.NAMESPACES and 128 < code <= 128 + 64:
+                code, sig = None, code - 128  # bwrap reports a child's signal as 128 + n
+        if self.timed_out or self.output_exceeded:
+            code = None
+        return RunResult(
+            exit_code=code,
+            signal=sig,
+            stdout=bytes(self._out),
+            stderr=bytes(self._err),
+            timed_out=self.timed_out,
+            output_exceeded=self.output_exceeded,
+            killed=self._killed and not self._exited_first,
+            wall_s=time.monotonic() - self._start,
+        )
+
+    def teardown(self) -> bool:
+        """Kill everything of the run, release its pipes and files; True if nothing is left."""
+        if not self._exited:
+            self.result()
+        self._close_stdin()
+        for fd in list(self._open):
+            self._selector.unregister(fd)
+            os.close(fd)
+        self._open.clear()
+        with contextlib.suppress(KeyError):
+            self._selector.unregister(self._pidfd)
+        os.close(self._pidfd)
+        self._selector.close()
+        clean = processes.sweep(self._uid, self._uids)
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+        return clean
