@@ -1,8 +1,9 @@
 """A writer process for the parameter-store crash and concurrency tests.
 
 ``write_versions`` runs in a child process: it publishes versions ``first, first + 1, …`` of
-``make_params``/``make_opt_state`` and appends each published version to a log file with one
-small ``os.write``, so a SIGKILL leaves only whole lines behind.
+``make_params``/``make_opt_state``, optionally applies retention after each, and appends each
+published version to a log file with one small ``os.write``, so a SIGKILL leaves only whole
+lines behind.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from runtime.params import ParamStore
 
 
-def make_params(version: int, *, leaves: int = 6, width: int = 64) -> dict:
+def make_params(version: int, *, leaves: int = 4, width: int = 64) -> dict:
     """Deterministic parameters of ``version``: float32, bfloat16 and int32 leaves."""
     import ml_dtypes
 
@@ -34,11 +35,15 @@ def make_opt_state(version: int, params: dict) -> tuple:
     return (np.int32(version), moments)
 
 
-def write_versions(url: str, log_path: str, first: int, count: int) -> None:
+def write_versions(
+    url: str, log_path: str, first: int, count: int, keep_newest: int | None = None
+) -> None:
     store = ParamStore.open(url, create=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     for version in range(first, first + count):
         params = make_params(version)
         store.put(version, params, make_opt_state(version, params))
         os.write(fd, f"{version}\n".encode())
+        if keep_newest is not None:
+            store.retain(keep_newest=keep_newest)
     os.close(fd)
