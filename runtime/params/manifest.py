@@ -35,6 +35,8 @@ TREES = ("params", "opt_state")
 
 _MANIFEST_NAME = re.compile(r"v(0|[1-9][0-9]*)\.json")
 _PIN_NAME = re.compile(r"v(0|[1-9][0-9]*)")
+_DATA_PREFIX = re.compile(r"v(0|[1-9][0-9]*)/[0-9a-f]{16}/")
+_LEAF_PATH = re.compile(r"([A-Za-z0-9_%-]+(/[A-Za-z0-9_%-]+)*)?")
 _PENDING_NAME = re.compile(r"(v(?:0|[1-9][0-9]*))\.([0-9a-f]{16})")
 
 
@@ -162,8 +164,14 @@ class Manifest:
                 params=TreeManifest.from_json(body["params"]),
                 opt_state=None if opt_state is None else TreeManifest.from_json(opt_state),
             )
+            match = _DATA_PREFIX.fullmatch(manifest.data)
+            if not match or int(match.group(1)) != version:
+                raise ValueError(f"data prefix {manifest.data!r} is not v{version}/<16 hex>/")
             for tree in (manifest.params, manifest.opt_state):
                 if tree is not None:
+                    for record in tree.leaves:
+                        if not _LEAF_PATH.fullmatch(record.path):
+                            raise ValueError(f"leaf path {record.path!r} is not an escaped path")
                     tree.check()
         except (ValueError, KeyError, TypeError, AttributeError, ParamStoreError) as e:
             raise ParamStoreError(f"manifest of version {version} is malformed: {e}") from e

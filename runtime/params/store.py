@@ -160,6 +160,18 @@ class ParamStore:
             raise ParamStoreError(f"version {version} was stored without optimizer state")
         return self._get_tree(manifest, "opt_state", like)
 
+    def verify(self, version: int) -> str:
+        """Read every leaf of ``version`` and check it against the manifest (I8).
+
+        Returns:
+            The version's digest. Raises ``DigestMismatch`` naming the first bad leaf.
+        """
+        manifest = self.manifest(version)
+        for tree in layout.TREES:
+            if manifest.tree(tree) is not None:
+                self._read_arrays(manifest, tree)
+        return manifest.digest
+
     # -- writing ------------------------------------------------------------------------------
 
     def put(self, version: int, params: Any, opt_state: Any = None) -> str:

@@ -204,6 +204,10 @@ class StoreContract:
             store.get(0)
         assert (info.value.version, info.value.leaf) == (0, "enc/w")
         assert isinstance(info.value, RlxError)
+        with pytest.raises(DigestMismatch, match="params leaf 'enc/w'"):
+            store.verify(0)
+        store.put(1, params, opt_state=(np.int32(3),))
+        assert store.verify(1) == params_digest(params)
 
     def test_sweep_removes_unpublished_data_only(self, store):
         store.put(0, {"w": np.zeros(2, np.float32)})
