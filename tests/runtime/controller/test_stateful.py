@@ -1,0 +1,304 @@
+"""The controller under simulated workers and faults, as a hypothesis state machine.
+
+Rules deliver completions in any order, duplicate and late ones, kill workers (their leases
+expire), kill the trainer mid-step, restart the controller from its SQLite ledger and let the
+old one try to append. After every step: the ledger satisfies I1–I8 (including a full replay
+with decision checking, I6) and folding it reproduces the state the live controller had after
+each of its commits. At the end the run is driven to completion without faults and, in
+deterministic mode, its batch and weight digests must equal an undisturbed run's (I7).
+
+Examples: 30 in the "ci" profile (about 25 s here), 1,000 under HYPOTHESIS_PROFILE=nightly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+from hypothesis import event, settings, target
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ledger import events as ev
+from ledger.sql import SqliteStore
+from runtime.config import load_config
+from runtime.controller import ControllerFenced, ControllerLoop
+from runtime.controller.invariants import check
+from runtime.controller.reduce import reduce
+from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier, run_to_end, train_once
+from runtime.controller.state import INITIAL
+from runtime.controller.workers import INFERENCE, TRAINER, VERIFIER, InitTask
+
+EXAMPLES = {"nightly": 1000}.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), 30)
+TIMEOUT = 10.0
+
+
+def digests(events) -> list[tuple[str, str]]:
+    """(batch digest, weights digest) per step: what I7 says timing cannot change."""
+    out, pending = [], {}
+    for e in events:
+        if isinstance(e, ev.TrainStepCompleted):
+            pending[e.step] = e.batch_digest
+        elif isinstance(e, ev.WeightsPublished) and e.version > 0:
+            out.append((pending[e.version], e.digest))
+    return out
+
+
+_REFERENCE: dict[tuple, list] = {}
+
+
+def reference(config) -> list[tuple[str, str]]:
+    key = config.digest()
+    if key not in _REFERENCE:
+        from ledger import open_store
+
+        store = open_store("memory://")
+        loop = ControllerLoop.create(store, run_id="ref", config=config.to_dict(), config_digest=key, seed=config.run.seed)
+        run_to_end(loop, workers=1, slots=1)
+        _REFERENCE[key] = digests(store.events("ref"))
+    return _REFERENCE[key]
+
+
+class ControllerMachine(RuleBasedStateMachine):
+    @initialize(
+        mode=st.sampled_from(["deterministic", "freshest"]),
+        k=st.integers(0, 2),
+        filter_groups=st.booleans(),
+        group_size=st.integers(1, 3),
+        groups=st.integers(1, 3),
+        steps=st.integers(2, 4),
+        size=st.integers(3, 12),
+        keep=st.integers(1, 2),
+        seed=st.integers(0, 2**32),
+        workers=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    )
+    def start(self, mode, k, filter_groups, group_size, groups, steps, size, keep, seed, workers):
+        self.config = load_config(None, [
+            f"scheduling.mode={mode}", f"scheduling.max_staleness={k}", f"scheduling.filter_groups={str(filter_groups).lower()}",
+            f"sampling.group_size={group_size}", f"scheduling.groups_per_batch={groups}",
+            f"scheduling.max_groups_per_batch={2 * groups}", f"run.steps={steps}", f"params.keep_newest={keep}",
+            f"run.seed={seed}",
+        ], data_size=size)
+        event(f"mode={mode} k={k} filter={filter_groups}")
+        self.dir = tempfile.mkdtemp(prefix="rlx-ctl-")
+        self.path = os.path.join(self.dir, "ledger.db")
+        self.now = 0.0
+        self.store = self._open()
+        self.loop = ControllerLoop.create(self.store, run_id="run", config=self.config.to_dict(),
+                                          config_digest=self.config.digest(), seed=seed, **self._loop_args())
+        self.zombie: ControllerLoop | None = None
+        self.workers = {f"w{i}": SimInference(f"w{i}", slots) for i, slots in enumerate(workers)}
+        self.alive = set(self.workers)
+        self.verifier, self.trainer = SimVerifier("v0"), SimTrainer("t0", seed)
+        self.stash: list[ev.RolloutCompleted] = []
+        self.snapshots = {}
+        self.folded_seq, self.folded = 0, INITIAL
+        self.faults = 0
+        self._join_all()
+
+    def _open(self):
+        return SqliteStore("sqlite:///" + self.path, create=True, synchronous="OFF")
+
+    def _loop_args(self):
+        return {"clock": lambda: self.now, "lease_timeout_s": TIMEOUT}
+
+    def _note(self):
+        self.snapshots[self.loop.head_seq] = self.loop.state
+
+    def _join_all(self):
+        for wid in sorted(self.alive):
+            self.loop.join(wid, INFERENCE, slots=self.workers[wid].slots)
+        self.loop.join("v0", VERIFIER)
+        self.loop.join("t0", TRAINER)
+        self._note()
+
+    def teardown(self):
+        try:
+            if hasattr(self, "loop") and not self.loop.finished:
+                self._finish()
+        finally:
+            if hasattr(self, "store"):
+                self.store.close()
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _finish(self):
+        """Drive the run to its end without faults, then compare with an undisturbed run."""
+        self.now += 2 * TIMEOUT
+        for wid in sorted(self.alive):
+            self.loop.heartbeat(wid)
+        self.loop.heartbeat("v0")
+        self.loop.heartbeat("t0")
+        self.loop.expire()
+        if not self.alive:
+            self.workers["late"] = SimInference("late", 2)
+            self.alive.add("late")
+            self.loop.join("late", INFERENCE, slots=2)
+        for _ in range(10_000):
+            if self.loop.finished:
+                break
+            self.now += 2 * TIMEOUT  # whatever was handed out before is re-offered
+            for wid in sorted(self.alive):
+                self.loop.heartbeat(wid)
+            train_once(self.loop, self.trainer)
+            for wid in sorted(self.alive):
+                leases = self.loop.leases(wid)
+                if leases:
+                    self.loop.complete(self.workers[wid].generate(leases))
+            tasks = self.loop.scoring_work("v0", 1 << 20)
+            if tasks:
+                self.loop.record_outcomes(self.verifier.score(tasks))
+            self.loop.expire()
+        assert self.loop.finished
+        self._note()
+        self.check_log()
+        events = self.store.events("run")
+        assert not check(events)
+        target(float(self.faults), label="faults injected")
+        if self.config.scheduling.mode == "deterministic":
+            assert digests(events) == reference(self.config)
+
+    # -- rules: inference ----------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def complete_some(self, data):
+        live = sorted(w for w in self.alive if self.loop.leases(w))
+        if not live:
+            return
+        wid = data.draw(st.sampled_from(live))
+        leases = self.loop.leases(wid)
+        chosen = data.draw(st.lists(st.sampled_from(leases), min_size=1, max_size=len(leases), unique_by=lambda l: l.rollout_id))
+        done = self.workers[wid].generate(chosen)
+        self.stash.extend(done[:2])
+        verdicts = self.loop.complete(done)
+        assert all(v.accepted for v in verdicts), verdicts
+        self._note()
+
+    @rule(data=st.data())
+    def resubmit(self, data):
+        """A duplicate from a zombie worker, or a late one after its lease was given up."""
+        if not self.stash:
+            return
+        c = data.draw(st.sampled_from(self.stash))
+        r = self.loop.state.requests.get(c.rollout_id)
+        verdict = self.loop.complete([c])[0]
+        if r is None or r.done:
+            assert not verdict.accepted
+            event("duplicate or late completion rejected")
+            self.faults += 1
+        elif verdict.accepted:
+            event("late completion of an open request accepted")
+        self._note()
+
+    @rule(data=st.data())
+    def kill_worker(self, data):
+        if not self.alive:
+            return
+        wid = data.draw(st.sampled_from(sorted(self.alive)))
+        # It may have finished some work it never reports: the stash lets it come back as a zombie.
+        leases = self.loop.leases(wid)
+        self.stash.extend(self.workers[wid].generate(leases[:1]))
+        self.alive.discard(wid)
+        event("inference worker killed")
+        self.faults += 1
+
+    @rule(slots=st.integers(1, 3))
+    def add_worker(self, slots):
+        wid = f"w{len(self.workers)}"
+        self.workers[wid] = SimInference(wid, slots)
+        self.alive.add(wid)
+        self.loop.join(wid, INFERENCE, slots=slots)
+        self._note()
+
+    @rule()
+    def time_passes(self):
+        """A lease period passes: silent workers are lost, old leases are given back."""
+        self.now += TIMEOUT
+        for wid in sorted(self.alive):
+            self.loop.heartbeat(wid)
+        self.loop.heartbeat("v0")
+        self.loop.heartbeat("t0")
+        verdicts = self.loop.expire()
+        if verdicts:
+            event("leases expired or workers lost")
+            self.faults += 1
+        self._note()
+
+    # -- rules: verifier and trainer -------------------------------------------------------------
+
+    @rule(data=st.data())
+    def score_some(self, data):
+        tasks = self.loop.scoring_work("v0", data.draw(st.integers(1, 6)))
+        if not tasks:
+            return
+        outcomes = self.verifier.score(tasks)
+        keep = data.draw(st.lists(st.sampled_from(outcomes), min_size=1, unique_by=lambda o: o.rollout_id))
+        assert all(v.accepted for v in self.loop.record_outcomes(keep))
+        self._note()
+
+    @rule()
+    def train(self):
+        if train_once(self.loop, self.trainer):
+            self._note()
+
+    @rule()
+    def trainer_dies_mid_step(self):
+        task = self.loop.train_task("t0")
+        if task is None:
+            return
+        if not isinstance(task, InitTask):
+            self.trainer.train(task)  # computed, never published
+        event("trainer killed mid-step")
+        self.faults += 1
+
+    @rule()
+    def zombie_trainer_publishes_twice(self):
+        task = self.loop.train_task("t0")
+        if task is None or isinstance(task, InitTask):
+            return
+        result = list(self.trainer.train(task))
+        assert all(v.accepted for v in self.loop.publish(result))
+        assert not any(v.accepted for v in self.loop.publish(result))
+        event("duplicate train step rejected")
+        self._note()
+
+    # -- rules: the controller -------------------------------------------------------------------
+
+    @rule()
+    def restart_controller(self):
+        """Kill the controller (nothing in memory survives) and resume from the SQLite file."""
+        self.zombie = self.loop
+        self.store = self._open()
+        self.loop = ControllerLoop.resume(self.store, "run", **self._loop_args())
+        self._note()
+        self._join_all()
+        event("controller restarted from the ledger")
+        self.faults += 1
+
+    @precondition(lambda self: self.zombie is not None)
+    @rule()
+    def zombie_controller_appends(self):
+        head = self.store.head("run").seq
+        with pytest.raises(ControllerFenced):
+            self.zombie.submit([ev.WorkerJoined("intruder", INFERENCE)])
+        assert self.store.head("run").seq == head
+        event("zombie controller fenced")
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def check_log(self):
+        new = list(self.store.read("run", self.folded_seq + 1))
+        for stored in new:
+            self.folded = reduce(self.folded, stored.event)
+            self.folded_seq = stored.seq
+            if stored.seq in self.snapshots:
+                assert self.folded == self.snapshots.pop(stored.seq), f"fold differs from the live state at seq {stored.seq}"
+        assert self.folded == self.loop.state
+        violations = check(self.store.read("run"))
+        assert not violations, "\n".join(map(str, violations))
+
+
+ControllerMachine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=30, deadline=None)
+TestController = ControllerMachine.TestCase
