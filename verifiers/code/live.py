@@ -282,7 +282,8 @@ class LiveRun:
             self._selector.unregister(self._pidfd)
         os.close(self._pidfd)
         self._selector.close()
-        clean = processes.sweep(self._uid, self._uids)
+        orphans_possible = self._level is Isolation.RLIMITS or not self._exited_first
+        clean = processes.sweep(self._uid, self._uids, orphans_possible=orphans_possible)
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
         return clean

@@ -102,10 +102,15 @@ def reap_orphans(sandbox_uids: Collection[int]) -> int:
     return reaped
 
 
-def sweep(uid: int, uids: Collection[int]) -> bool:
-    """Kill and reap every process of ``uid``; True once none is left."""
+def sweep(uid: int, uids: Collection[int], *, orphans_possible: bool = True) -> bool:
+    """Kill and reap every process of ``uid``; True once none is left.
+
+    ``orphans_possible=False`` skips the orphan scan while nothing of the uid is left: a bwrap
+    that exited by itself has reaped its pid namespace, so nothing was re-parented to us.
+    """
     for attempt in range(_SURVIVOR_SWEEPS):
-        reap_orphans(uids)
+        if orphans_possible or attempt:
+            reap_orphans(uids)
         if not processes_of(uid):
             return True
         subprocess.run(isolation.kill_uid_argv(uid), stdin=subprocess.DEVNULL,
