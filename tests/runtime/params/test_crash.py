@@ -114,6 +114,13 @@ def test_kill_9_during_put_and_retain_leaves_only_complete_versions(tmp_path, pr
         f for f in stored_files(root) if not f.startswith(("manifests/", "pins/", *published))
     }
     assert leftovers == set()
+    directories = {os.path.relpath(d, root) + "/" for d, _, _ in os.walk(root)} - {"./"}
+    assert {
+        d
+        for d in directories
+        if d not in ("manifests/", "pins/", "pending/")
+        and not any(p.startswith(d) or d.startswith(p) for p in published)
+    } == set()
     for version in reopened.versions():
         check_version(reopened, version)
 
