@@ -1,0 +1,88 @@
+"""Packing rollouts into the fixed-shape arrays of a train step (pure numpy, no JAX).
+
+A batch holds ``B = M·G`` rows — ``M`` groups of ``G`` completions of one prompt each, in
+training order (rollout-id order in deterministic mode). Row ``b`` is the prompt followed by the
+completion, right-padded to the fixed width ``T``; targets are ``tokens[:, 1:]``, so the
+log-prob of the token at position ``t + 1`` comes from the logits at ``t``. Fixed shapes mean one
+compiled step for the whole run, and make a step a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from runtime.errors import RlxError
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One rollout as the trainer sees it."""
+
+    prompt: np.ndarray  # int32 prompt token ids (with BOS)
+    completion: np.ndarray  # int32 sampled token ids
+    logprobs: np.ndarray  # float32 behaviour log-probs of the completion tokens
+    reward: float
+    policy_version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """Arrays of one train step.
+
+    Attributes:
+      tokens_BT: int32 prompt + completion, right-padded with ``pad_id``.
+      attention_BT: bool, True on real tokens.
+      mask_BS: bool ``[B, T-1]``, True where target ``tokens[:, 1:]`` is a completion token.
+      behaviour_BS: float32 ``[B, T-1]`` the engine's log-probs of those targets (0 elsewhere).
+      rewards_MG: float32 ``[M, G]`` sequence rewards by group.
+      versions_B: int32 policy version each row was sampled from.
+    """
+
+    tokens_BT: np.ndarray
+    attention_BT: np.ndarray
+    mask_BS: np.ndarray
+    behaviour_BS: np.ndarray
+    rewards_MG: np.ndarray
+    versions_B: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens_BT.shape[0])
+
+    def digest(self) -> str:
+        """sha256 over every array's dtype, shape and bytes, in field order."""
+        h = hashlib.sha256()
+        for f in dataclasses.fields(self):
+            a = np.ascontiguousarray(getattr(self, f.name))
+            h.update(f"{f.name}:{a.dtype.str}:{a.shape};".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+
+def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int) -> TrainBatch:
+    """Pack ``samples`` (whole groups, in order) into a ``TrainBatch`` of width ``width``."""
+    if not samples or len(samples) % group_size:
+        raise RlxError(f"a batch needs whole groups of {group_size}; got {len(samples)} samples")
+    B = len(samples)
+    tokens = np.full((B, width), pad_id, np.int32)
+    attention = np.zeros((B, width), bool)
+    mask = np.zeros((B, width - 1), bool)
+    behaviour = np.zeros((B, width - 1), np.float32)
+    for b, s in enumerate(samples):
+        p, c = len(s.prompt), len(s.completion)
+        if p < 1 or p + c > width:
+            raise RlxError(f"row {b}: prompt {p} + completion {c} tokens do not fit width {width}")
+        if len(s.logprobs) != c:
+            raise RlxError(f"row {b}: {c} completion tokens but {len(s.logprobs)} log-probs")
+        tokens[b, :p] = s.prompt
+        tokens[b, p : p + c] = s.completion
+        attention[b, : p + c] = True
+        mask[b, p - 1 : p - 1 + c] = True
+        behaviour[b, p - 1 : p - 1 + c] = s.logprobs
+    rewards = np.asarray([s.reward for s in samples], np.float32).reshape(-1, group_size)
+    versions = np.asarray([s.policy_version for s in samples], np.int32)
+    return TrainBatch(tokens, attention, mask, behaviour, rewards, versions)

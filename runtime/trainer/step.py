@@ -1,0 +1,186 @@
+"""The train step: a pure, jitted function of (params, optimizer state, batch, config).
+
+Log-probs are recomputed with the sampler's definition (``kernels.logprobs``: temperature divides
+the logits before the log-softmax, float32); advantages come from ``kernels.advantages``; the loss
+is the unified objective of ``kernels.objectives``; the update is optax. Shapes are fixed for the
+whole run, reductions are over fixed axes and rollouts arrive in a fixed order, so the same
+inputs give the same bits (on the same software stack and core count).
+
+Old log-probs: ``π_old`` is the policy each rollout was sampled from. Rows sampled from the
+version being trained (on-policy, ``current_B``) use the step's own forward pass; older rows use
+``logp_old_BS`` recomputed by :func:`score` with that version's weights. The difference between
+the recomputed old log-probs and the engine's (``behaviour``) is the inference/trainer mismatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from kernels.advantages import gae_advantages, group_advantages, token_rewards, whiten
+from kernels.algorithms import DPOObjective, KTOObjective, Objective, PolicyObjective
+from kernels.kl import token_kl
+from kernels.logprobs import token_logprobs_and_entropy
+from kernels.objectives import policy_loss, preference_loss
+from runtime.model import ModelConfig, forward
+
+sg = jax.lax.stop_gradient
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Everything static about a train step (hashable: a static argument of ``jit``)."""
+
+    model: ModelConfig
+    objective: Objective
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    temperature: float = 1.0
+
+    @property
+    def needs_reference(self) -> bool:
+        o = self.objective
+        return isinstance(o, (DPOObjective, KTOObjective)) or (
+            isinstance(o, PolicyObjective) and o.kl_coef > 0
+        )
+
+
+def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
+    """Global-norm clipping then AdamW (decoupled weight decay)."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adamw(
+            config.learning_rate,
+            b1=config.adam_b1,
+            b2=config.adam_b2,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        ),
+    )
+
+
+def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
+    logits_BTV = forward(params, tokens_BT, attention_BT, config=config.model)
+    return token_logprobs_and_entropy(logits_BTV[:, :-1], tokens_BT[:, 1:], config.temperature)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def score(params, tokens_BT, attention_BT, *, config: StepConfig) -> jax.Array:
+    """Log-probs ``[B, T-1]`` of the targets ``tokens[:, 1:]`` under ``params`` (no gradient)."""
+    logp_BS, _ = _token_logprobs(params, tokens_BT, attention_BT, config)
+    return logp_BS
+
+
+def _masked_mean(x_BS, mask_BS):
+    return jnp.sum(jnp.where(mask_BS, x_BS, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1)
+
+
+def _advantages(o: PolicyObjective, batch, logp_old_BS, logp_ref_BS, mask_BS):
+    """Advantages ``[B]`` or ``[B, S]`` with the algorithm's estimator and KL-in-reward."""
+    rewards_MG = batch["rewards_MG"]
+    M, G = rewards_MG.shape
+    kl_in_reward = o.kl_placement == "reward" and o.kl_coef > 0
+    kl_BS = None
+    if kl_in_reward:
+        kl_BS = sg(token_kl(logp_old_BS, logp_ref_BS, o.kl_estimator, mask_BT=mask_BS))
+    if o.estimator == "gae":
+        penalty = None if kl_BS is None else o.kl_coef * kl_BS
+        scores_B = rewards_MG.reshape(M * G)
+        rewards_BS = token_rewards(scores_B, mask_BS, penalty_BT=penalty)
+        # No critic in the built-in model: GAE over a zero value baseline, then whitened.
+        adv_BS, _ = gae_advantages(
+            rewards_BS, jnp.zeros_like(rewards_BS), mask_BS, gamma=o.gae_gamma, lam=o.gae_lambda
+        )
+        return whiten(adv_BS, mask_BS)
+    if kl_BS is not None:
+        seq_kl_B = jnp.sum(jnp.where(mask_BS, kl_BS, 0.0), axis=1)
+        rewards_MG = rewards_MG - o.kl_coef * seq_kl_B.reshape(M, G)
+    kwargs = {"eps": o.advantage_eps} if o.estimator == "grpo" else {}
+    return group_advantages(rewards_MG, o.estimator, **kwargs).reshape(M * G)
+
+
+def _preference(o, logp_BS, logp_ref_BS, mask_BS, rewards_MG):
+    """DPO on (best, worst) of each group; KTO with rewards above the group mean desirable."""
+    M, G = rewards_MG.shape
+    if isinstance(o, DPOObjective):
+        best_M = jnp.argmax(rewards_MG, axis=1) + jnp.arange(M) * G
+        worst_M = jnp.argmin(rewards_MG, axis=1) + jnp.arange(M) * G
+        has_pair_M = jnp.max(rewards_MG, axis=1) > jnp.min(rewards_MG, axis=1)
+        rows = jnp.concatenate([best_M, worst_M])
+        pair_mask = jnp.concatenate([has_pair_M, has_pair_M])[:, None] & mask_BS[rows]
+        loss, metrics = preference_loss(
+            o, logp=logp_BS[rows], logp_ref=logp_ref_BS[rows], mask=pair_mask
+        )
+        metrics["pairs"] = jnp.sum(has_pair_M).astype(jnp.float32)
+        return loss, metrics
+    desirable_B = (rewards_MG > jnp.mean(rewards_MG, axis=1, keepdims=True)).reshape(M * G)
+    # Reference point z0: the batch's mean sequence KL to the reference, clipped at 0 (KTO paper).
+    seq_kl_B = jnp.sum(jnp.where(mask_BS, sg(logp_BS) - logp_ref_BS, 0.0), axis=1)
+    z0 = jnp.maximum(jnp.mean(seq_kl_B), 0.0)
+    return preference_loss(
+        o, logp=logp_BS, logp_ref=logp_ref_BS, mask=mask_BS, desirable=desirable_B, reference_point=z0
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("params", "opt_state"))
+def train_step(params, opt_state, batch, logp_old_BS, logp_ref_BS, current_B, *, config: StepConfig):
+    """One optimizer step on one batch. DONATES params, opt_state.
+
+    Args:
+      params: the policy's parameters (version ``s - 1``).
+      opt_state: the optimizer state that goes with them.
+      batch: dict of the ``TrainBatch`` arrays (``tokens_BT``, ``attention_BT``, ``mask_BS``,
+        ``behaviour_BS``, ``rewards_MG``).
+      logp_old_BS: recomputed old log-probs of rows not sampled from ``params`` (ignored on
+        ``current_B`` rows).
+      logp_ref_BS: reference-model log-probs (zeros when the objective needs none).
+      current_B: True on rows sampled from ``params`` itself.
+      config: static step configuration.
+
+    Returns:
+      ``(params, opt_state, metrics)`` with scalar float32 metrics.
+    """
+    o = config.objective
+    mask_BS = batch["mask_BS"]
+    behaviour_BS = batch["behaviour_BS"]
+
+    def loss_fn(p):
+        logp_BS, entropy_BS = _token_logprobs(p, batch["tokens_BT"], batch["attention_BT"], config)
+        old_BS = jnp.where(current_B[:, None], sg(logp_BS), logp_old_BS)
+        if isinstance(o, PolicyObjective):
+            advantages = _advantages(o, batch, old_BS, logp_ref_BS, mask_BS)
+            loss, metrics = policy_loss(
+                o, logp=logp_BS, logp_old=old_BS, logp_ref=logp_ref_BS,
+                advantages=advantages, mask=mask_BS, logp_behaviour=behaviour_BS,
+            )
+        else:
+            loss, metrics = _preference(o, logp_BS, logp_ref_BS, mask_BS, batch["rewards_MG"])
+        delta_BS = jnp.abs(old_BS - behaviour_BS)
+        metrics = dict(metrics)
+        metrics.update(
+            entropy=_masked_mean(sg(entropy_BS), mask_BS),
+            kl_ref=_masked_mean(token_kl(sg(logp_BS), logp_ref_BS, "k3", mask_BT=mask_BS), mask_BS)
+            if config.needs_reference else jnp.zeros((), jnp.float32),
+            logprob_mismatch_max=jnp.max(jnp.where(mask_BS, delta_BS, 0.0)),
+            logprob_mismatch_mean=_masked_mean(delta_BS, mask_BS),
+        )
+        return loss, metrics
+
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    metrics.update(
+        loss=loss,
+        grad_norm=optax.global_norm(grads),
+        reward_mean=jnp.mean(batch["rewards_MG"]),
+        response_tokens=jnp.sum(mask_BS).astype(jnp.float32) / mask_BS.shape[0],
+    )
+    return params, opt_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
