@@ -137,11 +137,11 @@ class _Checker:
         if q is None:
             self.flag("I4", seq, f"completion of rollout {rid}, which was never requested")
             return
-        if rid in self.completed:
-            self.flag("I4", seq, f"second completion of rollout {rid} (first by {self.completed[rid].worker_id})")
-            return
         if q.group_id in self.discarded or rid in self.consumed:
             self.flag("I4", seq, f"late completion of rollout {rid}: its group is discarded or consumed")
+            return
+        if rid in self.completed:
+            self.flag("I4", seq, f"second completion of rollout {rid} (first by {self.completed[rid].worker_id})")
             return
         if not 0 <= e.attempt < self.leases[rid]:
             self.flag("I4", seq, f"completion of rollout {rid} attempt {e.attempt}, never leased ({self.leases[rid]} leases)")

@@ -1,0 +1,117 @@
+"""Replay of committed golden histories, and the divergences it must report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ledger import events as ev
+from ledger import open_store
+from runtime.controller import ReplayDivergence, replay
+from runtime.controller.reduce import fold
+from tests.runtime.controller.golden.regenerate import HERE, RUNS, altered, load, simulate
+
+GOLDEN = sorted(RUNS)
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_golden_history_replays(name):
+    events = load(HERE / f"{name}.msgpack")
+    state = replay(events)
+    assert state.finished and state.trained == state.spec.steps == 4
+    assert state == fold(events)
+    # The run ended where the ledger says, with the digest it names.
+    finished = events[-1]
+    assert isinstance(finished, ev.RunFinished) and state.versions[4] == finished.final_digest
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_golden_history_is_what_the_controller_writes_today(name):
+    assert simulate(RUNS[name]) == load(HERE / f"{name}.msgpack"), (
+        "the controller's decisions changed; if on purpose, regenerate the golden files "
+        "(python -m tests.runtime.controller.golden.regenerate)"
+    )
+
+
+def test_altered_history_raises_with_seq_and_field():
+    events = load(HERE / "altered.msgpack")
+    _, seq = altered(load(HERE / "deterministic_k1.msgpack"))
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events)
+    err = info.value
+    assert (err.seq, err.kind, err.field) == (seq, "RolloutRequested", "seed")
+    assert err.logged == err.decided + 1
+    assert f"seq {seq}" in str(err) and "'seed'" in str(err)
+
+
+def test_replay_of_stored_events_names_ledger_seqs():
+    events = load(HERE / "altered.msgpack")
+    store = open_store("memory://")
+    store.create_run("r")
+    epoch = store.acquire_epoch("r")
+    store.append("r", events[:3], expected_seq=0, epoch=epoch)
+    store.append("r", events[3:], expected_seq=3, epoch=epoch)
+    with pytest.raises(ReplayDivergence) as info:
+        replay(store.read("r"))
+    assert info.value.seq == altered(load(HERE / "deterministic_k1.msgpack"))[1]
+
+
+def _golden() -> list[ev.Event]:
+    return load(HERE / "deterministic_k1.msgpack")
+
+
+def _index(events, kind, n=0):
+    return [i for i, e in enumerate(events) if isinstance(e, kind)][n]
+
+
+def test_missing_decision_is_reported():
+    events = _golden()
+    i = _index(events, ev.PromptsSampled, 1)
+    assert isinstance(events[i + 1], ev.RolloutRequested)
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events[:i] + events[i + 1 :])
+    err = info.value
+    assert (err.seq, err.field, err.logged, err.decided) == (i + 1, "kind", "RolloutRequested", "PromptsSampled")
+
+
+def test_missing_decision_between_inputs_cannot_fold():
+    events = _golden()
+    i = _index(events, ev.BatchFormed)
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events[:i] + events[i + 1 :])
+    assert info.value.seq > i  # the next event that needs the batch cannot follow
+
+
+def test_extra_decision_is_reported():
+    events = _golden()
+    i = _index(events, ev.RolloutAssigned, 3)
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events[: i + 1] + [events[i]] + events[i + 1 :])
+    assert info.value.seq == i + 2 and info.value.kind == "RolloutAssigned"
+
+
+def test_duplicate_input_cannot_be_folded():
+    events = _golden()
+    i = _index(events, ev.RolloutCompleted, 2)
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events[: i + 1] + [events[i]] + events[i + 1 :])
+    assert info.value.seq == i + 2 and info.value.field == "event"
+
+
+def test_truncated_decisions_at_the_end_are_reported():
+    events = _golden()
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events[:-1])  # RunFinished cut
+    assert info.value.decided == "RunFinished"
+    assert replay(events[:-1], check=False).finished is False
+
+
+def test_changed_batch_order_is_reported_by_field():
+    events = _golden()
+    i = _index(events, ev.BatchFormed, 1)
+    b = events[i]
+    events[i] = dataclasses.replace(b, rollout_ids=tuple(reversed(b.rollout_ids)))
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events)
+    assert (info.value.seq, info.value.field) == (i + 1, "rollout_ids")
