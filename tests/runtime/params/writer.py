@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import ml_dtypes
 import numpy as np
 
 from runtime.params import ParamStore
@@ -17,8 +18,6 @@ from runtime.params import ParamStore
 
 def make_params(version: int, *, leaves: int = 4, width: int = 64) -> dict:
     """Deterministic parameters of ``version``: float32, bfloat16 and int32 leaves."""
-    import ml_dtypes
-
     rng = np.random.default_rng(version)
     layers = {}
     for i in range(leaves):
