@@ -1,0 +1,115 @@
+"""Tasks: where prompts come from, what a correct answer is, and how a completion is scored.
+
+A task is a pure, indexable dataset: ``problem("train", i)`` is a function of the task's
+parameters and ``i`` only, so the controller can log a prompt as an index and every worker (and
+every replay) re-derives the same problem. Scoring goes through ``verifiers`` and returns a typed
+``Outcome`` plus the reward the trainer uses.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from runtime.model.tokenizer import BOS_ID, EOS_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One prompt and what a correct completion is.
+
+    Attributes:
+      prompt: the prompt text (the model sees ``<bos>`` + its characters / tokens).
+      answer: the reference final answer (math-style tasks), or None.
+      tests: code-style tests, or None (task-specific, e.g. ``(x, f(x))`` pairs or IO tests).
+      target: the completion text a supervised warm start trains on (without ``<eos>``).
+    """
+
+    prompt: str
+    answer: str | None = None
+    tests: tuple = ()
+    target: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """A verifier's verdict on a completion and the reward derived from it."""
+
+    reward: float
+    passed: bool
+    verdict: str
+    verifier: str
+    verifier_version: str
+    detail: str = ""
+
+
+class Task(abc.ABC):
+    """An indexable dataset of problems with a held-out evaluation split."""
+
+    name: str
+
+    @property
+    @abc.abstractmethod
+    def train_size(self) -> int:
+        """Number of training problems; training indices are ``0 .. train_size - 1``."""
+
+    @property
+    @abc.abstractmethod
+    def eval_size(self) -> int:
+        """Number of held-out problems, never used for training."""
+
+    @abc.abstractmethod
+    def problem(self, split: str, index: int) -> Problem:
+        """Problem ``index`` of ``split`` (``"train"`` or ``"eval"``)."""
+
+    @abc.abstractmethod
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
+        """Verify each completion against its problem."""
+
+    def describe(self) -> dict[str, Any]:
+        """The task's identity for the run config (name and parameters)."""
+        return {"name": self.name}
+
+    def encode_prompt(self, tokenizer, problem: Problem) -> np.ndarray:
+        """``<bos>`` + the prompt's token ids, int32."""
+        ids = tokenizer.encode(problem.prompt, add_special_tokens=False).ids
+        return np.asarray([BOS_ID, *ids], np.int32)
+
+    def decode_completion(self, tokenizer, tokens: Sequence[int]) -> str:
+        """The completion text up to (not including) the first ``<eos>``."""
+        ids = [int(t) for t in tokens]
+        if EOS_ID in ids:
+            ids = ids[: ids.index(EOS_ID)]
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def split_indices(total: int, eval_size: int, seed: int) -> np.ndarray:
+    """A sorted set of ``eval_size`` distinct indices of ``range(total)`` held out for evaluation."""
+    rng = np.random.Generator(np.random.Philox(key=seed))
+    return np.sort(rng.choice(total, size=eval_size, replace=False)).astype(np.int64)
+
+
+def nth_kept(i: int, excluded_sorted: np.ndarray) -> int:
+    """The ``i``-th integer (0-based) not in ``excluded_sorted``."""
+    x = i
+    while True:
+        skipped = int(np.searchsorted(excluded_sorted, x, side="right"))
+        if x - skipped == i:
+            return x
+        x = i + skipped
+
+
+def scored(outcome) -> Scored:
+    """A ``Scored`` from a ``verifiers.Outcome`` (reward 1 for AC, else 0)."""
+    return Scored(
+        reward=float(outcome.reward),
+        passed=bool(outcome.passed),
+        verdict=str(getattr(outcome.verdict, "value", outcome.verdict)),
+        verifier=outcome.verifier,
+        verifier_version=outcome.version,
+        detail=outcome.detail[:200],
+    )
