@@ -180,7 +180,7 @@ def _request(s: ControllerState) -> list[ev.Event]:
             out: list[ev.Event] = [ev.PromptsSampled(batch, draws[0][0], tuple(i for _, i in draws), 0, s.position)]
             version = spec.batch_version(batch)
             for o, (_, prompt) in enumerate(draws):
-                sub = s._replace(next_group_id=s.next_group_id + o, next_rollout_id=s.next_rollout_id + o * spec.group_size)
+                sub = s.evolve(next_group_id=s.next_group_id + o, next_rollout_id=s.next_rollout_id + o * spec.group_size)
                 out.extend(_group(sub, batch, o, prompt, version))
             return out
         if not spec.filter_groups:

@@ -49,7 +49,7 @@ def _release(s: ControllerState, r: Request) -> ControllerState:
     free = s.free
     if w.active >= w.slots:
         free = insert_sorted(free, (w.order, w.worker_id))
-    return s._replace(workers=s.workers.set(w.worker_id, w._replace(active=w.active - 1)), free=free)
+    return s.evolve(workers=s.workers.set(w.worker_id, w.evolve(active=w.active - 1)), free=free)
 
 
 def _requeue_leases(s: ControllerState, holder: Callable[[str], bool]) -> ControllerState:
@@ -57,16 +57,16 @@ def _requeue_leases(s: ControllerState, holder: Callable[[str], bool]) -> Contro
     requests, pending = s.requests, s.pending
     for r in s.requests.values():
         if r.holder is not None and holder(r.holder):
-            requests = requests.set(r.rollout_id, r._replace(holder=None))
+            requests = requests.set(r.rollout_id, r.evolve(holder=None))
             pending = insert_sorted(pending, r.rollout_id)
-    return s._replace(requests=requests, pending=pending)
+    return s.evolve(requests=requests, pending=pending)
 
 
 def _run_started(s: ControllerState, e: ev.RunStarted) -> ControllerState:
     if s.spec is not None:
         raise _invalid(e, "after the run already started")
     spec = ControllerSpec.from_config(e.config, e.seed)
-    return s._replace(spec=spec, run_id=e.run_id, config_digest=e.config_digest)
+    return s.evolve(spec=spec, run_id=e.run_id, config_digest=e.config_digest)
 
 
 def _controller_started(s: ControllerState, e: ev.ControllerStarted) -> ControllerState:
@@ -75,7 +75,7 @@ def _controller_started(s: ControllerState, e: ev.ControllerStarted) -> Controll
         raise _invalid(e, f"with epoch {e.epoch}, not above the current epoch {s.epoch}")
     # Leases and worker registrations belong to the previous controller: workers join again.
     s = _requeue_leases(s, lambda _: True)
-    return s._replace(epoch=e.epoch, workers=INITIAL.workers, free=())
+    return s.evolve(epoch=e.epoch, workers=INITIAL.workers, free=())
 
 
 def _worker_joined(s: ControllerState, e: ev.WorkerJoined) -> ControllerState:
@@ -86,7 +86,7 @@ def _worker_joined(s: ControllerState, e: ev.WorkerJoined) -> ControllerState:
         raise _invalid(e, f"with {e.slots} slots")
     w = Worker(e.worker_id, e.role, e.slots, s.joins)
     free = insert_sorted(s.free, (w.order, w.worker_id)) if e.role == "inference" else s.free
-    return s._replace(workers=s.workers.set(w.worker_id, w), free=free, joins=s.joins + 1)
+    return s.evolve(workers=s.workers.set(w.worker_id, w), free=free, joins=s.joins + 1)
 
 
 def _worker_lost(s: ControllerState, e: ev.WorkerLost) -> ControllerState:
@@ -95,7 +95,7 @@ def _worker_lost(s: ControllerState, e: ev.WorkerLost) -> ControllerState:
     if w is None:
         raise _invalid(e, f"for worker {e.worker_id!r}, which is not joined")
     s = _requeue_leases(s, lambda holder: holder == e.worker_id)
-    return s._replace(workers=s.workers.delete(w.worker_id), free=remove_sorted(s.free, (w.order, w.worker_id)))
+    return s.evolve(workers=s.workers.delete(w.worker_id), free=remove_sorted(s.free, (w.order, w.worker_id)))
 
 
 def _prompts_sampled(s: ControllerState, e: ev.PromptsSampled) -> ControllerState:
@@ -104,7 +104,7 @@ def _prompts_sampled(s: ControllerState, e: ev.PromptsSampled) -> ControllerStat
         return s
     if e.position != s.position:
         raise _invalid(e, f"at stream position {e.position}; the stream is at {s.position}")
-    return s._replace(position=s.position + len(e.prompt_indices))
+    return s.evolve(position=s.position + len(e.prompt_indices))
 
 
 def _rollout_requested(s: ControllerState, e: ev.RolloutRequested) -> ControllerState:
@@ -116,26 +116,26 @@ def _rollout_requested(s: ControllerState, e: ev.RolloutRequested) -> Controller
     gid = e.group_id
     if gid == s.next_group_id:
         g = Group(gid, e.batch, e.ordinal, e.prompt_index, e.policy_version, (e.rollout_id,))
-        s = s._replace(next_group_id=gid + 1, group_versions=bump(s.group_versions, e.policy_version, 1))
+        s = s.evolve(next_group_id=gid + 1, group_versions=bump(s.group_versions, e.policy_version, 1))
         if spec.mode == DETERMINISTIC:
             plan = s.plans.get(e.batch) or Plan(e.batch, e.policy_version)
             if e.ordinal != len(plan.groups):
                 raise _invalid(e, f"with ordinal {e.ordinal}; batch {e.batch} has {len(plan.groups)} groups")
-            s = s._replace(plans=s.plans.set(e.batch, plan._replace(groups=plan.groups + (gid,))),
+            s = s.evolve(plans=s.plans.set(e.batch, plan.evolve(groups=plan.groups + (gid,))),
                            requested=max(s.requested, e.batch))
         else:
             if (e.batch, e.ordinal) != s.label:
                 raise _invalid(e, f"labelled {(e.batch, e.ordinal)}; the next label is {s.label}")
             nxt = e.ordinal + 1
-            s = s._replace(label=(e.batch + 1, 0) if nxt == spec.groups_per_batch else (e.batch, nxt))
+            s = s.evolve(label=(e.batch + 1, 0) if nxt == spec.groups_per_batch else (e.batch, nxt))
     else:
         g = s.groups.get(gid)
         if g is None or gid != s.next_group_id - 1 or len(g.rollout_ids) >= spec.group_size:
             raise _invalid(e, f"adds to group {gid}, which is not the open group")
         if (g.batch, g.ordinal, g.prompt_index, g.policy_version) != (e.batch, e.ordinal, e.prompt_index, e.policy_version):
             raise _invalid(e, f"differs from its group {gid} in batch, ordinal, prompt or version")
-        g = g._replace(rollout_ids=g.rollout_ids + (e.rollout_id,))
-    return s._replace(
+        g = g.evolve(rollout_ids=g.rollout_ids + (e.rollout_id,))
+    return s.evolve(
         next_rollout_id=e.rollout_id + 1,
         groups=s.groups.set(gid, g),
         requests=s.requests.set(e.rollout_id, Request(e.rollout_id, gid, e.policy_version)),
@@ -159,10 +159,10 @@ def _rollout_assigned(s: ControllerState, e: ev.RolloutAssigned) -> ControllerSt
     w = s.workers.get(e.worker_id)
     if w is None or w.role != "inference" or w.active >= w.slots:
         raise _invalid(e, f"to worker {e.worker_id!r}, which has no free inference slot")
-    w = w._replace(active=w.active + 1)
+    w = w.evolve(active=w.active + 1)
     free = remove_sorted(s.free, (w.order, w.worker_id)) if w.active >= w.slots else s.free
-    return s._replace(
-        requests=s.requests.set(r.rollout_id, r._replace(attempts=r.attempts + 1, holder=w.worker_id)),
+    return s.evolve(
+        requests=s.requests.set(r.rollout_id, r.evolve(attempts=r.attempts + 1, holder=w.worker_id)),
         pending=remove_sorted(s.pending, r.rollout_id),
         workers=s.workers.set(w.worker_id, w),
         free=free,
@@ -177,9 +177,9 @@ def _rollout_completed(s: ControllerState, e: ev.RolloutCompleted) -> Controller
     if r.holder is not None:
         s = _release(s, r)
     g = s.groups[r.group_id]
-    return s._replace(
-        requests=s.requests.set(r.rollout_id, r._replace(holder=None, done=True)),
-        groups=s.groups.set(g.group_id, g._replace(completed=g.completed + 1)),
+    return s.evolve(
+        requests=s.requests.set(r.rollout_id, r.evolve(holder=None, done=True)),
+        groups=s.groups.set(g.group_id, g.evolve(completed=g.completed + 1)),
         pending=remove_sorted(s.pending, r.rollout_id),
         version_refs=bump(s.version_refs, r.policy_version, -1),
     )
@@ -191,8 +191,8 @@ def _rollout_abandoned(s: ControllerState, e: ev.RolloutAbandoned) -> Controller
     if r.done or r.holder is None or e.attempt != r.attempts - 1:
         raise _invalid(e, f"attempt {e.attempt} of rollout {e.rollout_id}, which is not the current lease")
     s = _release(s, r)
-    return s._replace(
-        requests=s.requests.set(r.rollout_id, r._replace(holder=None)),
+    return s.evolve(
+        requests=s.requests.set(r.rollout_id, r.evolve(holder=None)),
         pending=insert_sorted(s.pending, r.rollout_id),
     )
 
@@ -205,18 +205,18 @@ def _outcome_recorded(s: ControllerState, e: ev.OutcomeRecorded) -> ControllerSt
     g = s.groups[r.group_id]
     reward = float(e.reward)
     first = reward if g.first_reward is None else g.first_reward
-    g = g._replace(scored=g.scored + 1, first_reward=first, uniform=g.uniform and reward == first)
-    s = s._replace(requests=s.requests.set(r.rollout_id, r._replace(reward=reward)), groups=s.groups.set(g.group_id, g))
+    g = g.evolve(scored=g.scored + 1, first_reward=first, uniform=g.uniform and reward == first)
+    s = s.evolve(requests=s.requests.set(r.rollout_id, r.evolve(reward=reward)), groups=s.groups.set(g.group_id, g))
     if not g.resolved:
         return s
     if spec.mode == DETERMINISTIC:
         plan = s.plans[g.batch]
         if spec.filter_groups and g.uniform:
-            plan = plan._replace(uniform=plan.uniform + (g.ordinal,))
+            plan = plan.evolve(uniform=plan.uniform + (g.ordinal,))
         else:
-            plan = plan._replace(good=plan.good + (g.ordinal,))
-        return s._replace(plans=s.plans.set(g.batch, plan))
-    return s._replace(ready=s.ready + (g.group_id,))
+            plan = plan.evolve(good=plan.good + (g.ordinal,))
+        return s.evolve(plans=s.plans.set(g.batch, plan))
+    return s.evolve(ready=s.ready + (g.group_id,))
 
 
 def _drop_group(s: ControllerState, g: Group) -> ControllerState:
@@ -230,7 +230,7 @@ def _drop_group(s: ControllerState, g: Group) -> ControllerState:
             refs = bump(refs, r.policy_version, -1)
             pending = remove_sorted(pending, rid)
         requests = requests.delete(rid)
-    return s._replace(
+    return s.evolve(
         requests=requests,
         version_refs=refs,
         pending=pending,
@@ -246,9 +246,9 @@ def _group_discarded(s: ControllerState, e: ev.GroupDiscarded) -> ControllerStat
         raise _invalid(e, f"for group {e.group_id}, which is not live")
     s = _drop_group(s, g)
     if e.group_id in s.ready:
-        s = s._replace(ready=tuple(x for x in s.ready if x != e.group_id))
+        s = s.evolve(ready=tuple(x for x in s.ready if x != e.group_id))
     if e.reason == "uniform_reward":
-        s = s._replace(discards=s.discards + 1)
+        s = s.evolve(discards=s.discards + 1)
     return s
 
 
@@ -262,9 +262,9 @@ def _batch_formed(s: ControllerState, e: ev.BatchFormed) -> ControllerState:
             raise _invalid(e, f"takes group {gid}, which is not live and resolved")
         s = _drop_group(s, g)
     consumed = set(e.group_ids)
-    s = s._replace(formed=e.step, discards=0, ready=tuple(x for x in s.ready if x not in consumed))
+    s = s.evolve(formed=e.step, discards=0, ready=tuple(x for x in s.ready if x not in consumed))
     if spec.mode == DETERMINISTIC:
-        s = s._replace(plans=s.plans.delete(e.step))
+        s = s.evolve(plans=s.plans.delete(e.step))
     return s
 
 
@@ -272,7 +272,7 @@ def _train_step_completed(s: ControllerState, e: ev.TrainStepCompleted) -> Contr
     _started(s, e)
     if e.step != s.trained + 1 or e.step > s.formed or s.latest != e.step - 1:
         raise _invalid(e, f"for step {e.step}; trained {s.trained}, formed {s.formed}, latest version {s.latest}")
-    return s._replace(trained=e.step)
+    return s.evolve(trained=e.step)
 
 
 def _weights_published(s: ControllerState, e: ev.WeightsPublished) -> ControllerState:
@@ -282,7 +282,7 @@ def _weights_published(s: ControllerState, e: ev.WeightsPublished) -> Controller
         raise _invalid(e, f"for version {v}; latest {s.latest}, trained {s.trained}")
     if v > 0 and (e.parent_version != v - 1 or e.parent_digest != s.versions.get(v - 1)):
         raise _invalid(e, f"for version {v} names parent {e.parent_version} {e.parent_digest[:12]}…")
-    return s._replace(versions=s.versions.set(v, e.digest), latest=v)
+    return s.evolve(versions=s.versions.set(v, e.digest), latest=v)
 
 
 def _versions_retired(s: ControllerState, e: ev.VersionsRetired) -> ControllerState:
@@ -292,12 +292,12 @@ def _versions_retired(s: ControllerState, e: ev.VersionsRetired) -> ControllerSt
         if v not in versions or v == s.latest:
             raise _invalid(e, f"retires version {v}, which is not a retained older version")
         versions = versions.delete(v)
-    return s._replace(versions=versions)
+    return s.evolve(versions=versions)
 
 
 def _run_finished(s: ControllerState, e: ev.RunFinished) -> ControllerState:
     _started(s, e)
-    return s._replace(finished=True)
+    return s.evolve(finished=True)
 
 
 _HANDLERS: dict[type, Callable[[ControllerState, ev.Event], ControllerState]] = {

@@ -12,15 +12,35 @@ or is discarded; a version leaves it when it is retired. The ledger keeps the hi
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import immutables
 
 from runtime.controller.spec import ControllerSpec
 
 
+_INDEX: dict[type, dict[str, int]] = {}
+
+
+def _evolve(record: Any, changes: dict[str, Any]) -> Any:
+    """A copy of a NamedTuple ``record`` with ``changes`` (``_replace`` without its overhead)."""
+    cls = type(record)
+    index = _INDEX.get(cls)
+    if index is None:
+        index = _INDEX[cls] = {name: i for i, name in enumerate(cls._fields)}
+    items = list(record)
+    for name, value in changes.items():
+        items[index[name]] = value
+    return tuple.__new__(cls, items)
+
+
 class Request(NamedTuple):
     """One live rollout request; ``attempts`` counts its leases, ``holder`` has the current one."""
+
+    def evolve(self, **changes: Any) -> "Request":
+        """A copy with ``changes`` applied."""
+        return _evolve(self, changes)
+
 
     rollout_id: int
     group_id: int
@@ -36,6 +56,11 @@ class Group(NamedTuple):
 
     ``uniform`` stays true while every recorded reward equals ``first_reward``.
     """
+
+    def evolve(self, **changes: Any) -> "Group":
+        """A copy with ``changes`` applied."""
+        return _evolve(self, changes)
+
 
     group_id: int
     batch: int
@@ -57,6 +82,11 @@ class Group(NamedTuple):
 class Worker(NamedTuple):
     """A joined worker; inference workers hold up to ``slots`` leases, ``active`` of them now."""
 
+    def evolve(self, **changes: Any) -> "Worker":
+        """A copy with ``changes`` applied."""
+        return _evolve(self, changes)
+
+
     worker_id: str
     role: str
     slots: int
@@ -71,6 +101,11 @@ class Plan(NamedTuple):
     groups with differing and with identical rewards (``uniform`` stays empty unless groups are
     filtered).
     """
+
+    def evolve(self, **changes: Any) -> "Plan":
+        """A copy with ``changes`` applied."""
+        return _evolve(self, changes)
+
 
     batch: int
     version: int
@@ -113,6 +148,11 @@ class ControllerState(NamedTuple):
         group_versions: live groups per policy version.
         discards: freshest mode: groups dropped for uniform rewards since the last batch.
     """
+
+    def evolve(self, **changes: Any) -> "ControllerState":
+        """A copy with ``changes`` applied."""
+        return _evolve(self, changes)
+
 
     spec: ControllerSpec | None = None
     run_id: str = ""
