@@ -62,6 +62,7 @@ class _Parts(NamedTuple):
     """Per-token pieces of one algorithm; all are constants except through ``ℓ`` in the loss."""
 
     value_BT: jax.Array  # reference per-token loss
+    advantage_BT: jax.Array  # Adv (per sequence for sequence-level losses)
     weight_BT: jax.Array  # IS
     keep_BT: jax.Array  # the indicator in GT1
     ratio_BT: jax.Array  # the ratio the algorithm clips (for metrics)
@@ -116,19 +117,19 @@ def _parts(config: PolicyObjective, logp_BT, logp_old_BT, advantages_BT, mask_BT
         )
         keep_BT = jnp.where(positive_BT, ratio_BT < upper, keep_negative_BT)
         clipped_BT = ~keep_BT & (advantages_BT != 0)
-        return _Parts(value_BT, is_BT, keep_BT, ratio_BT, clipped_BT, dual_clipped_BT)
+        return _Parts(value_BT, advantages_BT, is_BT, keep_BT, ratio_BT, clipped_BT, dual_clipped_BT)
     if config.clip == "is_weight":
         low = None if config.clip_low is None else 1.0 - config.clip_low
         high = None if config.clip_high is None else 1.0 + config.clip_high
         weight_BT = jnp.clip(ratio_BT, low, high)
         value_BT = -weight_BT * advantages_BT * logp_BT
         keep_BT = jnp.ones(mask_BT.shape, bool)
-        return _Parts(value_BT, weight_BT, keep_BT, ratio_BT, weight_BT != ratio_BT, no_BT)
+        return _Parts(value_BT, advantages_BT, weight_BT, keep_BT, ratio_BT, weight_BT != ratio_BT, no_BT)
     keep_BT = jnp.ones(mask_BT.shape, bool)
     if config.ratio == "none":
         ones_BT = jnp.ones_like(ratio_BT)
-        return _Parts(-advantages_BT * logp_BT, ones_BT, keep_BT, ratio_BT, no_BT, no_BT)
-    return _Parts(-advantages_BT * ratio_BT, is_BT, keep_BT, ratio_BT, no_BT, no_BT)
+        return _Parts(-advantages_BT * logp_BT, advantages_BT, ones_BT, keep_BT, ratio_BT, no_BT, no_BT)
+    return _Parts(-advantages_BT * ratio_BT, advantages_BT, is_BT, keep_BT, ratio_BT, no_BT, no_BT)
 
 
 def _masked_extreme(values_BT, mask_BT, reduce, empty):
@@ -229,7 +230,9 @@ def policy_loss(
         )
 
     pg_value = jnp.sum(jnp.where(mask_BT, coef_BT * parts.value_BT, 0.0))
-    grad_coef_BT = sg(coef_BT * parts.weight_BT * jnp.where(parts.keep_BT, advantages_BT, 0.0))
+    grad_coef_BT = sg(
+        coef_BT * parts.weight_BT * jnp.where(parts.keep_BT, parts.advantage_BT, 0.0)
+    )
     pg_surrogate = -jnp.sum(jnp.where(mask_BT, grad_coef_BT * logp_BT, 0.0))
     loss = sg(pg_value) + (pg_surrogate - sg(pg_surrogate))
 
