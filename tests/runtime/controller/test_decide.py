@@ -1,0 +1,154 @@
+"""Scheduling decisions on hand-built histories: staleness, filtering, retention, leases."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger import events as ev
+from ledger import open_store
+from runtime.config import load_config
+from runtime.controller import ControllerLoop, decide
+from runtime.controller.reduce import InvalidEvent, fold, reduce
+from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier, train_once
+from runtime.controller.workers import INFERENCE, VERIFIER
+
+
+def start(*overrides, size=8):
+    config = load_config(None, ["run.steps=4", "sampling.group_size=2", "scheduling.groups_per_batch=2", *overrides],
+                         data_size=size)
+    store = open_store("memory://")
+    loop = ControllerLoop.create(store, run_id="r", config=config.to_dict(), config_digest=config.digest(), seed=1,
+                                 clock=lambda: 0.0)
+    return store, loop
+
+
+def publish_v0(loop):
+    train_once(loop, SimTrainer(seed=1))
+
+
+def requested(store):
+    return [e for e in store.events("r") if isinstance(e, ev.RolloutRequested)]
+
+
+@pytest.mark.parametrize("k, batches", [(0, {1}), (1, {1, 2}), (2, {1, 2, 3})])
+def test_deterministic_mode_requests_every_batch_its_staleness_allows(k, batches):
+    store, loop = start(f"scheduling.max_staleness={k}")
+    assert requested(store) == []  # nothing before version 0
+    publish_v0(loop)
+    reqs = requested(store)
+    assert {r.batch for r in reqs} == batches and {r.policy_version for r in reqs} == {0}
+    assert len(reqs) == len(batches) * 4  # 2 groups of 2
+    assert [r.rollout_id for r in reqs] == list(range(len(reqs)))
+
+
+def run_steps(loop, store, n, verifier=SimVerifier(), worker=SimInference("w", 8)):
+    trainer = SimTrainer(seed=1)
+    for _ in range(200):
+        if loop.state.trained >= n:
+            return
+        train_once(loop, trainer)
+        leases = loop.leases("w")
+        if leases:
+            loop.complete(worker.generate(leases))
+        tasks = loop.scoring_work("v", 100)
+        if tasks:
+            loop.record_outcomes(verifier.score(tasks))
+    raise AssertionError("no progress")
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_batch_s_samples_from_version_s_minus_1_minus_k(k):
+    store, loop = start(f"scheduling.max_staleness={k}", "run.steps=5")
+    loop.join("w", INFERENCE, slots=8)
+    loop.join("v", VERIFIER)
+    run_steps(loop, store, 5)
+    batches = [e for e in store.events("r") if isinstance(e, ev.BatchFormed)]
+    assert [set(b.policy_versions) for b in batches] == [{max(0, s - 1 - k)} for s in range(1, 6)]
+    assert loop.finished
+
+
+def test_uniform_groups_are_replaced_and_discarded_in_ordinal_order():
+    # Prompts that are multiples of 4 always get reward 0 (simulation), so their groups are uniform.
+    store, loop = start("scheduling.max_staleness=0", "scheduling.filter_groups=true", "sampling.group_size=3")
+    loop.join("w", INFERENCE, slots=8)
+    loop.join("v", VERIFIER)
+    run_steps(loop, store, 4)
+    events = store.events("r")
+    groups = {e.group_id: e for e in events if isinstance(e, ev.RolloutRequested)}
+    for b in (e for e in events if isinstance(e, ev.BatchFormed)):
+        ordinals = [groups[g].ordinal for g in b.group_ids]
+        assert ordinals == sorted(ordinals)
+    discarded = [e for e in events if isinstance(e, ev.GroupDiscarded)]
+    assert discarded and all(d.reason == "uniform_reward" for d in discarded)
+    rewards = {e.rollout_id: e.reward for e in events if isinstance(e, ev.OutcomeRecorded)}
+    members = {}
+    for e in events:
+        if isinstance(e, ev.RolloutRequested):
+            members.setdefault(e.group_id, []).append(rewards[e.rollout_id])
+    assert all(len(set(members[d.group_id])) == 1 for d in discarded)
+    replacements = [e for e in events if isinstance(e, ev.PromptsSampled) and e.position == -1]
+    assert len(replacements) >= len(discarded)  # every dropped group was replaced by a new draw
+
+
+def test_freshest_mode_discards_stale_groups_and_requests_from_the_newest():
+    store, loop = start("scheduling.mode=freshest", "scheduling.max_staleness=0", "run.steps=3")
+    loop.join("w", INFERENCE, slots=1)
+    loop.join("v", VERIFIER)
+    publish_v0(loop)
+    w, v, t = SimInference("w", 1), SimVerifier(), SimTrainer(seed=1)
+    # Complete and score one batch; the other live groups stay behind.
+    for _ in range(20):
+        if loop.state.formed:
+            break
+        loop.complete(w.generate(loop.leases("w")))
+        loop.record_outcomes(v.score(loop.scoring_work("v", 10)))
+    assert loop.state.formed == 1
+    train_once(loop, t)  # version 1: the next batch needs version >= 1
+    events = store.events("r")
+    stale = [e for e in events if isinstance(e, ev.GroupDiscarded)]
+    assert all(e.reason == "stale" for e in stale)
+    live = loop.state.groups.values()
+    assert live and all(g.policy_version == 1 for g in live)
+
+
+def test_retention_keeps_the_newest_and_version_0_and_what_requests_need():
+    store, loop = start("scheduling.max_staleness=1", "params.keep_newest=1", "run.steps=5")
+    loop.join("w", INFERENCE, slots=8)
+    loop.join("v", VERIFIER)
+    run_steps(loop, store, 5)
+    retired = [v for e in store.events("r") if isinstance(e, ev.VersionsRetired) for v in e.versions]
+    assert retired == [1, 2, 3]  # 4 is needed by batch 5 until it is formed; 0 is the root; 5 is newest
+    assert sorted(loop.state.versions.keys()) == [0, 4, 5]
+
+
+def test_decide_is_pure_and_reaches_a_fixpoint():
+    store, loop = start("scheduling.max_staleness=1")
+    loop.join("w", INFERENCE, slots=3)
+    publish_v0(loop)
+    s = loop.state
+    assert decide(s) == []  # the loop appended everything decide wanted
+    before = fold(store.events("r")[:-5])
+    assert decide(before) == decide(before)
+
+
+def test_leases_go_out_in_id_order_to_workers_in_join_order():
+    store, loop = start("scheduling.max_staleness=0")
+    loop.join("a", INFERENCE, slots=2)
+    loop.join("b", INFERENCE, slots=1)
+    publish_v0(loop)
+    assert [l.rollout_id for l in loop.leases("a")] == [0, 1]
+    assert [l.rollout_id for l in loop.leases("b")] == [2]
+    assert loop.state.pending == (3,)
+
+
+def test_reduce_rejects_events_that_cannot_follow():
+    store, loop = start()
+    loop.join("w", INFERENCE, slots=4)
+    publish_v0(loop)
+    s = loop.state
+    with pytest.raises(InvalidEvent, match="not a live request"):
+        reduce(s, ev.RolloutAssigned(999, "w", 0))
+    with pytest.raises(InvalidEvent, match="already joined"):
+        reduce(s, ev.WorkerJoined("w", INFERENCE))
+    with pytest.raises(InvalidEvent, match="version 3"):
+        reduce(s, ev.WeightsPublished(3, "d", 2, "p"))
