@@ -1,0 +1,133 @@
+"""Supervised warm start: cross-entropy on the target tokens of a task's training problems.
+
+A tiny model trained from scratch has a zero pass rate, so RL has no signal. A short supervised
+phase on the task's reference completions (answer + ``<eos>``) brings it to a non-zero pass rate;
+RL then improves on that. The result depends only on (task, model config, steps, batch size,
+learning rate, seed) and is cached on disk under a digest of those, so a rerun reuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from runtime.model import EOS_ID, PAD_ID, Model, ModelConfig, forward, load_hf, save_hf
+from runtime.tasks.base import Task
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    steps: int = 300
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    seed: int = 0
+
+
+def pack_supervised(task: Task, tokenizer, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tokens_BT, attention_BT, target_mask_BS)`` for prompt + target + ``<eos>`` rows."""
+    B = len(indices)
+    tokens = np.full((B, width), PAD_ID, np.int32)
+    attention = np.zeros((B, width), bool)
+    mask = np.zeros((B, width - 1), bool)
+    for b, i in enumerate(indices):
+        p = task.problem("train", int(i))
+        prompt = task.encode_prompt(tokenizer, p)
+        target = tokenizer.encode(p.target, add_special_tokens=False).ids + [EOS_ID]
+        row = np.concatenate([prompt, np.asarray(target, np.int32)])[:width]
+        tokens[b, : len(row)] = row
+        attention[b, : len(row)] = True
+        mask[b, len(prompt) - 1 : len(row) - 1] = True
+    return tokens, attention, mask
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "optimizer"), donate_argnames=("params", "opt_state"))
+def _sft_step(params, opt_state, tokens_BT, attention_BT, mask_BS, *, model_config, optimizer):
+    def loss_fn(p):
+        logits = forward(p, tokens_BT, attention_BT, config=model_config)[:, :-1]
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, tokens_BT[:, 1:, None], axis=-1)[..., 0]
+        return jnp.sum(jnp.where(mask_BS, nll, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+class _Adam:
+    """Hashable holder so the optimizer can be a static argument."""
+
+    def __init__(self, lr: float):
+        self.lr = lr
+        self.tx = optax.adamw(lr)
+
+    def __hash__(self):
+        return hash(("adamw", self.lr))
+
+    def __eq__(self, other):
+        return isinstance(other, _Adam) and other.lr == self.lr
+
+    def init(self, params):
+        return self.tx.init(params)
+
+    def update(self, grads, state, params):
+        return self.tx.update(grads, state, params)
+
+
+def warm_start(model: Model, task: Task, config: PretrainConfig, *, width: int, progress=None) -> tuple[Model, list[float]]:
+    """Train ``model`` on the task's reference completions; return it and the loss curve."""
+    opt = _Adam(config.learning_rate)
+    params = jax.tree.map(jnp.array, model.params)
+    state = opt.init(params)
+    rng = np.random.Generator(np.random.Philox(key=[config.seed, 0x5F7]))
+    losses = []
+    for step in range(config.steps):
+        idx = rng.integers(task.train_size, size=config.batch_size)
+        tokens, attention, mask = pack_supervised(task, model.tokenizer, idx, width)
+        params, state, loss = _sft_step(
+            params, state, tokens, attention, mask, model_config=model.config, optimizer=opt
+        )
+        losses.append(float(loss))
+        if progress is not None:
+            progress(step + 1, losses[-1])
+    return model.with_params(params), losses
+
+
+def cache_key(model: Model, task: Task, config: PretrainConfig, width: int) -> str:
+    """Digest of everything the warm start depends on."""
+    ident = {
+        "model": dataclasses.asdict(model.config),
+        "init": hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(model.params))).hexdigest(),
+        "task": task.describe(),
+        "pretrain": dataclasses.asdict(config),
+        "width": width,
+        "format": 1,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, width: int, cache_dir: str, progress=None) -> tuple[Model, str, bool]:
+    """``warm_start`` through an on-disk cache; returns (model, checkpoint dir, loaded_from_cache)."""
+    path = os.path.join(cache_dir, cache_key(model, task, config, width))
+    if os.path.isfile(os.path.join(path, "config.json")):
+        loaded = load_hf(path)
+        return loaded, path, True
+    trained, _ = warm_start(model, task, config, width=width, progress=progress)
+    tmp = path + f".tmp{os.getpid()}"
+    save_hf(tmp, trained)
+    os.makedirs(cache_dir, exist_ok=True)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another process finished first: use its copy
+        pass
+    return load_hf(path), path, False
+
+
+__all__ = ["PretrainConfig", "cached_warm_start", "pack_supervised", "warm_start", "ModelConfig"]
