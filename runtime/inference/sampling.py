@@ -163,7 +163,14 @@ def sample(
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = temperature_B <= 0
     scaled_BV = logits_BV / jnp.where(greedy_B, 1.0, temperature_B)[:, None]
-    keep_BV = truncation_mask(scaled_BV, top_k_B, top_p_B)
+    # Without truncation the mask is all true, bit for bit, so the sort can be skipped when no
+    # row truncates; a row's draw is the same whichever branch its batch takes.
+    keep_BV = jax.lax.cond(
+        jnp.any((top_k_B > 0) | (top_p_B < 1.0)),
+        truncation_mask,
+        lambda scaled_BV, *_: jnp.ones(scaled_BV.shape, bool),
+        scaled_BV, top_k_B, top_p_B,
+    )
     V = logits_BV.shape[-1]
     gumbel_BV = jax.vmap(lambda key: jax.random.gumbel(key, (V,), jnp.float32))(
         token_keys(key_data_B2, index_B)
