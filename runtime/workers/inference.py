@@ -1,0 +1,82 @@
+"""The inference worker: generates the rollouts of its leases with the engine. Stateless.
+
+Each lease names the policy version and its weights digest; the worker loads that version from
+the parameter store (keeping the last one in memory), swaps it into the engine without
+recompiling, and generates. A completion depends only on (weights, prompt, sampling, seed), so a
+lease redone by another worker, or by a replay, gives the same tokens and log-prob bits.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ledger.events import RolloutCompleted
+from runtime.controller.workers import Lease
+from runtime.errors import RlxError
+from runtime.inference import Engine, SamplingParams
+from runtime.model import EOS_ID
+from runtime.tasks.base import Task
+
+ParamsLoader = Callable[[int], tuple[dict, str]]
+
+
+def sampling_params(sampling: dict) -> SamplingParams:
+    """The engine's parameters for a request's logged sampling dict (EOS always stops)."""
+    return SamplingParams(
+        temperature=float(sampling.get("temperature", 1.0)),
+        top_k=int(sampling.get("top_k", 0)),
+        top_p=float(sampling.get("top_p", 1.0)),
+        max_tokens=int(sampling["max_tokens"]),
+        stop_token_ids=(EOS_ID,),
+    )
+
+
+class EngineWorker:
+    """Generates completions for leases, grouped by policy version."""
+
+    def __init__(self, worker_id: str, engine: Engine, task: Task, tokenizer, load_params: ParamsLoader,
+                 *, slots: int | None = None):
+        self.worker_id = worker_id
+        self.engine = engine
+        self.task = task
+        self.tokenizer = tokenizer
+        self.load_params = load_params
+        self.slots = slots or engine.max_slots
+        self._loaded: tuple[int, str] | None = None
+        self.generated_tokens = 0
+
+    def _use(self, version: int, digest: str) -> None:
+        if self._loaded == (version, digest):
+            return
+        params, stored = self.load_params(version)
+        if stored != digest:
+            raise RlxError(f"version {version} in the parameter store has digest {stored[:16]}, "
+                           f"the ledger names {digest[:16]}")
+        self.engine.update_params(params)
+        self._loaded = (version, digest)
+
+    def prompt_tokens(self, prompt_index: int) -> np.ndarray:
+        return self.task.encode_prompt(self.tokenizer, self.task.problem("train", prompt_index))
+
+    def generate(self, leases: Sequence[Lease]) -> list[RolloutCompleted]:
+        by_version: dict[tuple[int, str], list[Lease]] = defaultdict(list)
+        for lease in leases:
+            by_version[(lease.policy_version, lease.weights_digest)].append(lease)
+        out = []
+        for (version, digest), group in sorted(by_version.items()):
+            self._use(version, digest)
+            completions = self.engine.generate(
+                [self.prompt_tokens(l.prompt_index) for l in group],
+                [sampling_params(l.sampling) for l in group],
+                [l.seed for l in group],
+            )
+            for lease, c in zip(group, completions, strict=True):
+                self.generated_tokens += len(c.tokens)
+                out.append(RolloutCompleted(
+                    lease.rollout_id, self.worker_id, lease.attempt, version, digest,
+                    np.asarray(c.tokens, np.int32), np.asarray(c.logprobs, np.float32), c.finish_reason,
+                ))
+        return out

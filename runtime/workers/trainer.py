@@ -1,0 +1,119 @@
+"""The trainer worker: publishes version 0 and runs train steps. Stateless between steps.
+
+Step ``s`` loads version ``s - 1`` (params and optimizer state) from the parameter store — or
+reuses the copy it published itself, which is bit-identical — packs the batch in the logged order,
+runs the pure ``train_step``, puts version ``s`` and answers with ``TrainStepCompleted`` and
+``WeightsPublished``. Re-running a step gives the same digest.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ledger.events import TrainStepCompleted, WeightsPublished
+from runtime.controller.workers import InitTask, TrainTask
+from runtime.model import PAD_ID, Model
+from runtime.params import ParamStore
+from runtime.tasks.base import Task
+from runtime.trainer.batch import Sample, pack
+from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
+
+
+class StepTrainer:
+    """Runs ``train_step`` against the parameter store."""
+
+    def __init__(self, worker_id: str, model: Model, task: Task, store: ParamStore, config: StepConfig,
+                 *, group_size: int, width: int):
+        self.worker_id = worker_id
+        self.model = model
+        self.task = task
+        self.store = store
+        self.config = config
+        self.group_size = group_size
+        self.width = width
+        self._reference = model.params  # version 0: the KL / preference reference
+        self._state: tuple[int, str, dict, object] | None = None  # version, digest, params, opt state
+        self._versions: dict[int, dict] = {}  # small cache of older versions for old log-probs
+        self.last_metrics: dict[str, float] = {}
+
+    # -- version 0 -------------------------------------------------------------------------------
+
+    def initialize(self, task: InitTask) -> WeightsPublished:
+        params = self.model.params
+        opt_state = make_optimizer(self.config).init(params)
+        digest = self.store.put(0, params, opt_state)
+        self._state = (0, digest, params, opt_state)
+        return WeightsPublished(0, digest, -1, "")
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _parent(self, version: int, digest: str) -> tuple[dict, object]:
+        if self._state is not None and self._state[:2] == (version, digest):
+            return self._state[2], self._state[3]
+        if self.store.digest(version) != digest:
+            raise RuntimeError(f"parameter store version {version} does not match the ledger's digest")
+        params = self.store.get(version)
+        opt_state = self.store.get_opt_state(version)
+        return jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, opt_state)
+
+    def _version_params(self, version: int) -> dict | None:
+        if self._state is not None and self._state[0] == version:
+            return self._state[2]
+        if version == 0:
+            return self._reference
+        if version not in self._versions:
+            if version not in self.store.versions():
+                return None
+            self._versions = {version: jax.tree.map(jnp.asarray, self.store.get(version))}
+        return self._versions[version]
+
+    def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
+        params, opt_state = self._parent(task.parent_version, task.parent_digest)
+        samples = []
+        for r in task.rollouts:
+            problem = self.task.problem("train", r.request.prompt_index)
+            samples.append(Sample(
+                prompt=self.task.encode_prompt(self.model.tokenizer, problem),
+                completion=np.asarray(r.completion.tokens, np.int32),
+                logprobs=np.asarray(r.completion.logprobs, np.float32),
+                reward=float(r.outcome.reward),
+                policy_version=int(r.completion.policy_version),
+            ))
+        batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=PAD_ID)
+        arrays = {
+            "tokens_BT": jnp.asarray(batch.tokens_BT),
+            "attention_BT": jnp.asarray(batch.attention_BT),
+            "mask_BS": jnp.asarray(batch.mask_BS),
+            "behaviour_BS": jnp.asarray(batch.behaviour_BS),
+            "rewards_MG": jnp.asarray(batch.rewards_MG),
+        }
+        current = batch.versions_B == task.parent_version
+        logp_old = np.zeros(batch.mask_BS.shape, np.float32)
+        for v in sorted(set(batch.versions_B.tolist()) - {task.parent_version}):
+            rows = batch.versions_B == v
+            vp = self._version_params(v)
+            if vp is None:  # retired: fall back to the engine's log-probs of those rows
+                logp_old[rows] = batch.behaviour_BS[rows]
+                continue
+            logp_old[rows] = np.asarray(score(vp, arrays["tokens_BT"], arrays["attention_BT"], config=self.config))[rows]
+        if self.config.needs_reference:
+            logp_ref = score(self._reference, arrays["tokens_BT"], arrays["attention_BT"], config=self.config)
+        else:
+            logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
+        new_params, new_opt, metrics = train_step(
+            params, opt_state, arrays, jnp.asarray(logp_old), logp_ref, jnp.asarray(current), config=self.config
+        )
+        metrics = {k: float(v) for k, v in sorted(metrics.items())}
+        metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))
+        metrics["staleness_max"] = float(task.step - 1 - int(batch.versions_B.min()))
+        metrics["staleness_mean"] = float(np.mean(task.step - 1 - batch.versions_B))
+        digest = self.store.put(task.step, new_params, new_opt)
+        self._state = (task.step, digest, new_params, new_opt)
+        self._versions.pop(task.step, None)
+        self.last_metrics = metrics
+        return (
+            TrainStepCompleted(task.step, batch.digest(), metrics),
+            WeightsPublished(task.step, digest, task.parent_version, task.parent_digest),
+        )

@@ -1,0 +1,27 @@
+"""The verifier worker: scores completed rollouts with the task's verifier. Stateless."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ledger.events import OutcomeRecorded
+from runtime.controller.workers import ScoreTask
+from runtime.tasks.base import Task
+
+
+class TaskVerifier:
+    """Decodes each completion, re-derives its problem from the prompt index, and verifies it."""
+
+    def __init__(self, worker_id: str, task: Task, tokenizer):
+        self.worker_id = worker_id
+        self.task = task
+        self.tokenizer = tokenizer
+
+    def score(self, tasks: Sequence[ScoreTask]) -> list[OutcomeRecorded]:
+        problems = [self.task.problem("train", t.prompt_index) for t in tasks]
+        texts = [self.task.decode_completion(self.tokenizer, t.completion.tokens) for t in tasks]
+        results = self.task.score(problems, texts)
+        return [
+            OutcomeRecorded(t.rollout_id, r.reward, r.passed, r.verdict, r.verifier, r.verifier_version, r.detail)
+            for t, r in zip(tasks, results, strict=True)
+        ]
