@@ -22,8 +22,8 @@ and the loss minimised is ``L = -J``. An algorithm (:mod:`kernels.algorithms`) p
 
 The returned *value* is each algorithm's reference loss (the clipped PPO surrogate
 ``max(-A r, -A clip(r))``, CISPO's ``-sg[r̂] A ℓ``, REINFORCE's ``-A ℓ``, ...) so that logs match
-VERL and TRL; the *gradient* is the unified surrogate's. They are stitched together as
-``sg[value] + (surrogate - sg[surrogate])``: exact in value and first-order exact in gradient
+VERL and TRL; the *gradient* is the unified surrogate's, attached by a custom JVP
+(:func:`kernels.surrogate.unified_loss`): exact in value and first-order exact in gradient
 (second derivatives are the surrogate's, i.e. zero in ``ℓ``).
 """
 
@@ -45,6 +45,7 @@ from kernels.algorithms import (
 from kernels.errors import ObjectiveConfigError
 from kernels.kl import token_kl
 from kernels.preference import preference_loss
+from kernels.surrogate import unified_loss
 from kernels.value_loss import value_loss
 
 __all__ = [
@@ -66,21 +67,21 @@ class _Parts(NamedTuple):
     weight_BT: jax.Array  # IS
     keep_BT: jax.Array  # the indicator in GT1
     ratio_BT: jax.Array  # the ratio the algorithm clips (for metrics)
-    clipped_BT: jax.Array  # tokens whose value the clip decided
-    dual_clipped_BT: jax.Array
+    clipped_BT: jax.Array | None  # tokens whose value the clip decided; None: no clipping
+    dual_clipped_BT: jax.Array | None
 
 
 def _exp_bounded(log_ratio: jax.Array, bound: float) -> jax.Array:
     return jnp.exp(jnp.clip(log_ratio, -bound, bound))
 
 
-def _ratios(config: PolicyObjective, log_ratio_BT, advantages_BT, mask_BT):
+def _ratios(config: PolicyObjective, log_ratio_BT, token_ratio_BT, advantages_BT,
+            advantages_B, mask_BT, lengths_B):
     """``(ratio_BT, is_BT, advantages_BT)`` for the configured ratio level."""
     bound = config.log_ratio_bound
     if config.ratio in ("none", "token"):
-        ratio_BT = _exp_bounded(log_ratio_BT, bound)
-        return ratio_BT, ratio_BT, advantages_BT
-    lengths_B = jnp.sum(mask_BT, axis=1).astype(log_ratio_BT.dtype)
+        return token_ratio_BT, token_ratio_BT, advantages_BT
+    lengths_B = lengths_B.astype(log_ratio_BT.dtype)
     per_token_B = 1.0 / jnp.maximum(lengths_B, 1.0)
     log_ratio_B = jnp.sum(log_ratio_BT, axis=1)
     if config.ratio != "sequence_product":
@@ -88,25 +89,26 @@ def _ratios(config: PolicyObjective, log_ratio_BT, advantages_BT, mask_BT):
     ratio_BT = jnp.broadcast_to(_exp_bounded(log_ratio_B, bound)[:, None], mask_BT.shape)
     if config.ratio == "sequence_token":
         return ratio_BT, ratio_BT, advantages_BT
-    # A sequence-level loss sees one advantage per sequence.
-    advantage_B = jnp.sum(advantages_BT, axis=1) * per_token_B
-    advantages_BT = jnp.where(mask_BT, advantage_B[:, None], 0.0)
+    # A sequence-level loss sees one advantage per sequence: the row mean of token advantages.
+    if advantages_B is None:
+        advantages_B = jnp.sum(advantages_BT, axis=1) * per_token_B
+        advantages_BT = jnp.where(mask_BT, advantages_B[:, None], 0.0)
     if config.ratio == "sequence":
         return ratio_BT, ratio_BT, advantages_BT
     return ratio_BT, ratio_BT * lengths_B[:, None], advantages_BT
 
 
-def _parts(config: PolicyObjective, logp_BT, logp_old_BT, advantages_BT, mask_BT) -> _Parts:
+def _parts(config: PolicyObjective, logp_BT, log_ratio_BT, token_ratio_BT, advantages_BT,
+           advantages_B, mask_BT, lengths_B) -> _Parts:
     ratio_BT, is_BT, advantages_BT = _ratios(
-        config, logp_BT - logp_old_BT, advantages_BT, mask_BT
+        config, log_ratio_BT, token_ratio_BT, advantages_BT, advantages_B, mask_BT, lengths_B
     )
-    no_BT = jnp.zeros(mask_BT.shape, bool)
     if config.clip == "ppo":
         upper, lower = 1.0 + config.clip_high, 1.0 - config.clip_low
         positive_BT = advantages_BT > 0
         negative_core_BT = jnp.maximum(ratio_BT, lower)
         keep_negative_BT = ratio_BT > lower
-        dual_clipped_BT = no_BT
+        dual_clipped_BT = None
         if config.dual_clip is not None:
             negative_core_BT = jnp.minimum(negative_core_BT, config.dual_clip)
             keep_negative_BT &= ratio_BT < config.dual_clip
@@ -117,24 +119,47 @@ def _parts(config: PolicyObjective, logp_BT, logp_old_BT, advantages_BT, mask_BT
         )
         keep_BT = jnp.where(positive_BT, ratio_BT < upper, keep_negative_BT)
         clipped_BT = ~keep_BT & (advantages_BT != 0)
-        return _Parts(value_BT, advantages_BT, is_BT, keep_BT, ratio_BT, clipped_BT, dual_clipped_BT)
+        return _Parts(
+            value_BT, advantages_BT, is_BT, keep_BT, ratio_BT, clipped_BT, dual_clipped_BT
+        )
     if config.clip == "is_weight":
         low = None if config.clip_low is None else 1.0 - config.clip_low
         high = None if config.clip_high is None else 1.0 + config.clip_high
         weight_BT = jnp.clip(ratio_BT, low, high)
         value_BT = -weight_BT * advantages_BT * logp_BT
         keep_BT = jnp.ones(mask_BT.shape, bool)
-        return _Parts(value_BT, advantages_BT, weight_BT, keep_BT, ratio_BT, weight_BT != ratio_BT, no_BT)
+        return _Parts(
+            value_BT, advantages_BT, weight_BT, keep_BT, ratio_BT, weight_BT != ratio_BT, None
+        )
     keep_BT = jnp.ones(mask_BT.shape, bool)
     if config.ratio == "none":
         ones_BT = jnp.ones_like(ratio_BT)
-        return _Parts(-advantages_BT * logp_BT, advantages_BT, ones_BT, keep_BT, ratio_BT, no_BT, no_BT)
-    return _Parts(-advantages_BT * ratio_BT, advantages_BT, is_BT, keep_BT, ratio_BT, no_BT, no_BT)
+        return _Parts(-advantages_BT * logp_BT, advantages_BT, ones_BT, keep_BT, ratio_BT, None, None)
+    return _Parts(-advantages_BT * ratio_BT, advantages_BT, is_BT, keep_BT, ratio_BT, None, None)
 
 
-def _masked_extreme(values_BT, mask_BT, reduce, empty):
-    extreme = reduce(jnp.where(mask_BT, values_BT, empty))
-    return jnp.where(jnp.any(mask_BT), extreme, 0.0)
+def _token_metrics(parts: _Parts, token_ratio_BT, log_ratio_BT, mask_BT, count):
+    """Token means of the clip indicators, ``approx_kl`` and the ratio, and the ratio's extremes.
+
+    Stacked into one sum and one max over the batch: every separate reduction of a ``[B, T]``
+    operand costs a full pass over memory, which for these cheap terms is all the cost there is.
+    """
+    terms = {
+        "clip_fraction": parts.clipped_BT,
+        "dual_clip_fraction": parts.dual_clipped_BT,
+        # k3 of KL(π_old ‖ π_θ) from the ratio already at hand: r - 1 - log r.
+        "approx_kl": token_ratio_BT - 1.0 - log_ratio_BT,
+        "ratio_mean": parts.ratio_BT,
+    }
+    present = {k: v.astype(log_ratio_BT.dtype) for k, v in terms.items() if v is not None}
+    sums_K = jnp.sum(jnp.where(mask_BT, jnp.stack(list(present.values())), 0.0), axis=(1, 2))
+    metrics = {k: jnp.zeros((), log_ratio_BT.dtype) for k in terms}
+    metrics.update(zip(present, sums_K / jnp.maximum(count, 1).astype(sums_K.dtype)))
+    signed_ratio_2BT = jnp.stack([parts.ratio_BT, -parts.ratio_BT])
+    extremes_2 = jnp.max(jnp.where(mask_BT, signed_ratio_2BT, -jnp.inf), axis=(1, 2))
+    extremes_2 = jnp.where(count > 0, extremes_2, 0.0)
+    metrics.update(ratio_max=extremes_2[0], ratio_min=-extremes_2[1])
+    return metrics
 
 
 def policy_loss(
@@ -205,13 +230,19 @@ def policy_loss(
 
     logp_BT = jnp.where(mask_BT, logp, 0.0).astype(dtype)
     logp_old_BT = sg(logp_BT) if logp_old is None else constant(logp_old)
+    advantages_B = None
     if advantages.ndim == 1:
+        advantages_B = sg(advantages.astype(dtype))
         advantages = advantages[:, None]
     advantages_BT = constant(jnp.broadcast_to(advantages, mask_BT.shape))
+    lengths_B = jnp.sum(mask_BT, axis=1, dtype=jnp.int32)
     weight_options = dict(totals=totals, max_length=config.max_length, group_size=config.group_size)
     agg_BT = token_weights(mask_BT, config.aggregation, dtype=dtype, **weight_options)
 
-    parts = _parts(config, sg(logp_BT), logp_old_BT, advantages_BT, mask_BT)
+    log_ratio_BT = sg(logp_BT) - logp_old_BT
+    token_ratio_BT = _exp_bounded(log_ratio_BT, config.log_ratio_bound)
+    parts = _parts(config, sg(logp_BT), log_ratio_BT, token_ratio_BT, advantages_BT,
+                   advantages_B, mask_BT, lengths_B)
     metrics = {}
     coef_BT = agg_BT
     if logp_behaviour is not None:
@@ -230,11 +261,10 @@ def policy_loss(
         )
 
     pg_value = jnp.sum(jnp.where(mask_BT, coef_BT * parts.value_BT, 0.0))
-    grad_coef_BT = sg(
-        coef_BT * parts.weight_BT * jnp.where(parts.keep_BT, parts.advantage_BT, 0.0)
+    grad_coef_BT = jnp.where(
+        parts.keep_BT & mask_BT, coef_BT * parts.weight_BT * parts.advantage_BT, 0.0
     )
-    pg_surrogate = -jnp.sum(jnp.where(mask_BT, grad_coef_BT * logp_BT, 0.0))
-    loss = sg(pg_value) + (pg_surrogate - sg(pg_surrogate))
+    loss = unified_loss(sg(pg_value), sg(grad_coef_BT), logp_BT)
 
     kl_loss = jnp.zeros((), dtype)
     if config.kl_placement == "loss" and config.kl_coef > 0:
@@ -259,17 +289,9 @@ def policy_loss(
         metrics["value_loss"] = sg(vf_loss)
         loss = loss + config.value_coef * vf_loss
 
-    ratio_BT = parts.ratio_BT
+    bounded_log_ratio_BT = jnp.clip(log_ratio_BT, -config.log_ratio_bound, config.log_ratio_bound)
     metrics.update(
-        policy_loss=sg(pg_value),
-        kl_loss=sg(kl_loss),
-        clip_fraction=masked_mean(parts.clipped_BT.astype(dtype), mask_BT),
-        dual_clip_fraction=masked_mean(parts.dual_clipped_BT.astype(dtype), mask_BT),
-        approx_kl=masked_mean(
-            token_kl(logp_old_BT, sg(logp_BT), "k3", mask_BT=mask_BT), mask_BT
-        ),
-        ratio_mean=masked_mean(ratio_BT, mask_BT),
-        ratio_min=_masked_extreme(ratio_BT, mask_BT, jnp.min, jnp.inf),
-        ratio_max=_masked_extreme(ratio_BT, mask_BT, jnp.max, -jnp.inf),
+        _token_metrics(parts, token_ratio_BT, bounded_log_ratio_BT, mask_BT, jnp.sum(lengths_B))
     )
+    metrics.update(policy_loss=sg(pg_value), kl_loss=sg(kl_loss))
     return loss, metrics

@@ -2,8 +2,8 @@
 
 Both losses depend on the policy only through summed sequence log-ratios
 ``r_θ(x, y) = Σ_t m_t (ℓ_t - ℓ^ref_t)``. Their gradient is ``sg[Adv] ∇ Σ_t ℓ_t`` per sequence,
-with the advantage ``Adv = -∂L/∂r_θ`` written out below; the value is the reference loss, stitched
-as in :mod:`kernels.objectives`.
+with the advantage ``Adv = -∂L/∂r_θ`` written out below; the value is the reference loss, attached
+by :func:`kernels.surrogate.unified_loss` as in :mod:`kernels.objectives`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from kernels.algorithms import (
     configure,
 )
 from kernels.errors import ObjectiveConfigError
+from kernels.surrogate import unified_loss
 
 sg = jax.lax.stop_gradient
 
@@ -39,8 +40,7 @@ def _sequence_sums(logp, logp_ref, mask):
 
 def _stitch(value, advantage_B, logp_B):
     """``value`` with the gradient of ``-mean_i sg[Adv_i] Σ_t ℓ_{i,t}``."""
-    surrogate = -jnp.mean(sg(advantage_B) * logp_B)
-    return sg(value) + (surrogate - sg(surrogate))
+    return unified_loss(sg(value), sg(advantage_B) / advantage_B.shape[0], logp_B)
 
 
 def dpo_loss(config: DPOObjective, logp, logp_ref, mask) -> tuple[jax.Array, dict]:
