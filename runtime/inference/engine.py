@@ -153,6 +153,23 @@ class Engine:
         self._reset_buffers()
         self.last_stats: GenerateStats | None = None
 
+    @property
+    def batch_shape(self) -> dict:
+        """The settings a completion's bits depend on, besides weights, request and software.
+
+        XLA's arithmetic depends on array shapes, so the same request gives the same bits on
+        engines with equal ``batch_shape`` (and the same model config and software stack), and
+        possibly other bits otherwise. ``num_pages`` is not part of it: which physical pages hold
+        a sequence never changes its results. Record it next to rollouts that must be replayed.
+        """
+        return {
+            "max_slots": self.max_slots,
+            "page_size": self.page_size,
+            "max_seq_len": self.max_seq_len,
+            "prefill_buckets": list(self.buckets),
+            "attention_impl": self.attention_impl,
+        }
+
     # -- device programs -------------------------------------------------------------------
 
     def _compile(self) -> None:

@@ -188,7 +188,13 @@ def test_new_weights_without_recompiling(engine, model):
     assert any(
         a.tokens.tolist() != b.tokens.tolist() for a, b in zip(before, changed, strict=True)
     )
-    fresh = Engine(other, **ENGINE).generate(prompts[:4], params[:4], seeds[:4])
+    # A new engine of the same batch shape, with a pool of another size, gives the same bits.
+    bigger = Engine(other, **{**ENGINE, "num_pages": 37})
+    assert bigger.batch_shape == engine.batch_shape == {
+        "max_slots": 4, "page_size": 4, "max_seq_len": 32, "prefill_buckets": [16, 32],
+        "attention_impl": "reference",
+    }
+    fresh = bigger.generate(prompts[:4], params[:4], seeds[:4])
     for a, b in zip(changed, fresh, strict=True):
         _assert_same(a, b, "update_params vs a new engine")
     with pytest.raises(UsageError, match="do not match the engine's model"):
