@@ -6,8 +6,9 @@ params, seed). ``SamplingParams`` says how a request is decoded; ``PagePool`` is
 allocator; ``scheduler`` holds the batching decisions and ``sampling`` the sampler.
 """
 
-from runtime.inference.engine import Completion, Engine, GenerateStats
+from runtime.inference.engine import Engine
 from runtime.inference.pages import NULL_PAGE, OutOfPages, PagePool
+from runtime.inference.requests import Completion, GenerateStats
 from runtime.inference.sampling import FINISH_LENGTH, FINISH_STOP, SamplingParams
 
 __all__ = [

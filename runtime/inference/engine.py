@@ -15,7 +15,6 @@ rebuilds its cache bit for bit. The engine checks those bits as it replays.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -23,64 +22,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels.paged_attention import IMPLS
 from runtime.errors import RlxError, UsageError
 from runtime.inference import scheduler
 from runtime.inference.pages import PagePool, pages_for
-from runtime.inference.sampling import SamplingParams, finish_reason, seed_key_data
+from runtime.inference.requests import Completion, GenerateStats, check_requests
+from runtime.inference.sampling import SamplingParams, finish_reason
 from runtime.inference.steps import decode_step, prefill_into_slot
 from runtime.model import Model, init_cache
 
 BATCHING = ("continuous", "static")
 MIN_BUCKET = 16
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Completion:
-    """One generated sequence.
-
-    Attributes:
-      tokens: int32 ``[n]`` generated token ids (a stop token, if any, is the last one).
-      logprobs: float32 ``[n]`` ``log softmax(logits / T)[token]`` of each generated token over the
-        full vocabulary, before top-k / top-p truncation, with ``T = 1`` when greedy: the
-        definition of ``kernels.logprobs.token_logprobs``, which the trainer recomputes.
-      finish_reason: ``"stop"`` (a stop token or end-of-sequence id) or ``"length"`` (max_tokens).
-      prompt_len: number of prompt tokens.
-    """
-
-    tokens: np.ndarray
-    logprobs: np.ndarray
-    finish_reason: str
-    prompt_len: int
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateStats:
-    """What the last ``generate`` did.
-
-    Attributes:
-      steps: decode steps run.
-      prefills: prefills run (one per admission, readmissions included).
-      preemptions: requests preempted by recompute.
-      generated_tokens: tokens returned.
-      replayed_tokens: tokens fed again after a preemption.
-      allocated_tokens: sum over steps of the token capacity of the allocated pages.
-      cached_tokens: sum over steps of the tokens actually cached after the step.
-      admissions: ``(step, request, slot)`` of every admission, in order.
-    """
-
-    steps: int
-    prefills: int
-    preemptions: int
-    generated_tokens: int
-    replayed_tokens: int
-    allocated_tokens: int
-    cached_tokens: int
-    admissions: tuple[tuple[int, int, int], ...]
-
-    @property
-    def kv_overhead(self) -> float:
-        """Allocated KV bytes / bytes of the tokens cached, averaged over steps (1.0 = no waste)."""
-        return self.allocated_tokens / self.cached_tokens if self.cached_tokens else 1.0
 
 
 def _positive_int(name: str, value, least: int = 1) -> int:
@@ -146,6 +98,10 @@ class Engine:
         self.buckets = tuple(sorted({_positive_int("prefill bucket", b) for b in prefill_buckets}))
         if not self.buckets:
             raise UsageError("prefill_buckets is empty; give at least one prompt length")
+        if attention_impl not in IMPLS:
+            raise UsageError(
+                f"attention_impl={attention_impl!r} is not accepted; accepted: {', '.join(IMPLS)}"
+            )
         self.attention_impl = attention_impl
         self._params = jax.device_put(model.params)
         self._params_shape = _shape_of(self._params)
@@ -221,45 +177,6 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
 
-    def _check(self, prompts, params, seeds) -> tuple[list[np.ndarray], list[SamplingParams]]:
-        n = len(prompts)
-        if isinstance(params, SamplingParams):
-            params = [params] * n
-        params = list(params)
-        if len(params) != n or len(seeds) != n:
-            raise UsageError(
-                f"got {n} prompts, {len(params)} sampling params and {len(seeds)} seeds; give one "
-                "SamplingParams (or one per prompt) and one seed per prompt"
-            )
-        V, biggest = self.config.vocab_size, self.buckets[-1]
-        checked = []
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            if not isinstance(p, SamplingParams):
-                raise UsageError(f"request {i}: sampling params {p!r} is not a SamplingParams")
-            tokens = np.asarray(prompt)
-            if tokens.ndim != 1 or tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
-                raise UsageError(f"request {i}: a prompt is a non-empty list of token ids")
-            if tokens.min() < 0 or tokens.max() >= V:
-                raise UsageError(f"request {i}: prompt token ids must be in [0, {V})")
-            bad_stops = [s for s in p.stop_token_ids if s >= V]
-            if bad_stops:
-                raise UsageError(f"request {i}: stop_token_ids {bad_stops} are not in [0, {V})")
-            total = tokens.size + p.max_tokens
-            if tokens.size > biggest:
-                raise UsageError(
-                    f"request {i}: prompt of {tokens.size} tokens is longer than the largest "
-                    f"prefill bucket, {biggest}"
-                )
-            fits_pool = pages_for(total, self.page_size) <= self._empty_pool.capacity
-            if total > self.max_seq_len or not fits_pool:
-                raise UsageError(
-                    f"request {i}: prompt of {tokens.size} tokens + max_tokens {p.max_tokens} = "
-                    f"{total} exceeds the engine's max_seq_len {self.max_seq_len} or its "
-                    f"{self._empty_pool.capacity} pages of {self.page_size} tokens"
-                )
-            checked.append(tokens.astype(np.int32))
-        return checked, params
-
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -285,8 +202,11 @@ class Engine:
             raise UsageError(
                 f"batching={batching!r} is not accepted; accepted: {', '.join(BATCHING)}"
             )
-        prompts, params = self._check(prompts, params, seeds)
-        key_data = np.stack([seed_key_data(s) for s in seeds]) if seeds else np.zeros((0, 2))
+        prompts, params, key_data = check_requests(
+            prompts, params, seeds, vocab_size=self.config.vocab_size,
+            max_prompt_len=self.buckets[-1], max_seq_len=self.max_seq_len,
+            page_size=self.page_size, num_pages=self._empty_pool.capacity,
+        )
         try:
             return self._run(prompts, params, key_data, static=batching == "static")
         except BaseException:
