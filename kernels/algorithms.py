@@ -69,7 +69,8 @@ class PolicyObjective:
 
     Attributes:
       name: registry name of the algorithm this configuration derives from.
-      estimator: advantage estimator the algorithm pairs with (:data:`kernels.advantages.ESTIMATORS`).
+      estimator: the advantage estimator the algorithm pairs with, one of
+        :data:`kernels.advantages.ESTIMATORS`.
       ratio: importance ratio ``IS``. ``none``: on-policy, ``IS = 1``. ``token``: ``r = π/π_old``
         per token. ``sequence``: GSPO's length-normalised ``s_i = (π(o_i)/π_old(o_i))^{1/|o_i|}``
         with per-sequence advantages. ``sequence_token``: GSPO-token, ``s_i`` with per-token

@@ -4,7 +4,8 @@ RLAX writes every supported algorithm as
 
 .. math::
     J(θ) = \\sum_{i,t} m_{i,t}\\; \\mathrm{sg}[\\mathrm{Agg}_{i,t}\\,\\mathrm{IS}_{i,t}]
-           \\big(\\mathrm{sg}[\\mathrm{Adv}_{i,t}]\\,\\mathrm{GT1}_{i,t}(θ) + \\mathrm{GT2}_{i,t}(θ)\\big),
+           \\big(\\mathrm{sg}[\\mathrm{Adv}_{i,t}]\\,\\mathrm{GT1}_{i,t}(θ)
+                 + \\mathrm{GT2}_{i,t}(θ)\\big),
 
 and the loss minimised is ``L = -J``. An algorithm (:mod:`kernels.algorithms`) picks the parts:
 
@@ -134,7 +135,8 @@ def _parts(config: PolicyObjective, logp_BT, log_ratio_BT, token_ratio_BT, advan
     keep_BT = jnp.ones(mask_BT.shape, bool)
     if config.ratio == "none":
         ones_BT = jnp.ones_like(ratio_BT)
-        return _Parts(-advantages_BT * logp_BT, advantages_BT, ones_BT, keep_BT, ratio_BT, None, None)
+        value_BT = -advantages_BT * logp_BT
+        return _Parts(value_BT, advantages_BT, ones_BT, keep_BT, ratio_BT, None, None)
     return _Parts(-advantages_BT * ratio_BT, advantages_BT, is_BT, keep_BT, ratio_BT, None, None)
 
 
@@ -154,7 +156,9 @@ def _token_metrics(parts: _Parts, token_ratio_BT, log_ratio_BT, mask_BT, count):
     present = {k: v.astype(log_ratio_BT.dtype) for k, v in terms.items() if v is not None}
     sums_K = jnp.sum(jnp.where(mask_BT, jnp.stack(list(present.values())), 0.0), axis=(1, 2))
     metrics = {k: jnp.zeros((), log_ratio_BT.dtype) for k in terms}
-    metrics.update(zip(present, sums_K / jnp.maximum(count, 1).astype(sums_K.dtype)))
+    metrics.update(
+        zip(present, sums_K / jnp.maximum(count, 1).astype(sums_K.dtype), strict=True)
+    )
     signed_ratio_2BT = jnp.stack([parts.ratio_BT, -parts.ratio_BT])
     extremes_2 = jnp.max(jnp.where(mask_BT, signed_ratio_2BT, -jnp.inf), axis=(1, 2))
     extremes_2 = jnp.where(count > 0, extremes_2, 0.0)
@@ -246,9 +250,11 @@ def policy_loss(
     metrics = {}
     coef_BT = agg_BT
     if logp_behaviour is not None:
-        behaviour_log_ratio_BT = logp_old_BT - constant(logp_behaviour)
+        logp_behaviour_BT = constant(logp_behaviour)
+        behaviour_log_ratio_BT = logp_old_BT - logp_behaviour_BT
+        # k3 estimate of KL(π_behaviour ‖ π_old) from the behaviour policy's own samples.
         metrics["behaviour_kl"] = masked_mean(
-            token_kl(logp_old_BT, constant(logp_behaviour), "k3", mask_BT=mask_BT), mask_BT
+            token_kl(logp_behaviour_BT, logp_old_BT, "k3", mask_BT=mask_BT), mask_BT
         )
         tis_BT = _exp_bounded(behaviour_log_ratio_BT, config.log_ratio_bound)
         if config.tis_cap is not None:
@@ -275,7 +281,7 @@ def policy_loss(
             )
         kl_BT = token_kl(logp_BT, constant(logp_ref), config.kl_estimator, mask_BT=mask_BT)
         if config.kl_bias_correction:
-            kl_BT = kl_BT * parts.weight_BT
+            kl_BT = kl_BT * parts.ratio_BT
         kl_loss = config.kl_coef * jnp.sum(jnp.where(mask_BT, agg_BT * kl_BT, 0.0))
         loss = loss + kl_loss
 

@@ -48,7 +48,8 @@ def dpo_loss(config: DPOObjective, logp, logp_ref, mask) -> tuple[jax.Array, dic
 
     .. math::
         Δ = r_θ(x, y^+) - r_θ(x, y^-),\\qquad
-        L = \\mathrm{mean}_{pairs}\\big[(1-ε)\\,\\mathrm{softplus}(-βΔ) + ε\\,\\mathrm{softplus}(βΔ)\\big]
+        L = \\mathrm{mean}_{pairs}\\big[(1-ε)\\,\\mathrm{softplus}(-βΔ)
+                                      + ε\\,\\mathrm{softplus}(βΔ)\\big]
 
     ``Adv(y^±) = ±β[(1-ε)σ(-βΔ) - εσ(βΔ)]``.
     """
@@ -115,14 +116,14 @@ def kto_loss(config: KTOObjective, logp, logp_ref, mask, desirable, reference_po
     slope_B = weight_B * config.beta * jax.nn.sigmoid(signed_B) * jax.nn.sigmoid(-signed_B)
     loss = _stitch(value, jnp.where(desirable_B, slope_B, -slope_B), logp_B)
     log_ratio_B = logp_B - logp_ref_B
-    count_d = jnp.maximum(jnp.sum(desirable_B), 1)
-    count_u = jnp.maximum(jnp.sum(~desirable_B), 1)
+    def mean_reward(selected_B):
+        total = jnp.sum(jnp.where(selected_B, log_ratio_B, 0.0))
+        return sg(config.beta * total / jnp.maximum(jnp.sum(selected_B), 1))
+
     metrics = dict(
         reference_point=z0,
-        reward_desirable=sg(config.beta * jnp.sum(jnp.where(desirable_B, log_ratio_B, 0)) / count_d),
-        reward_undesirable=sg(
-            config.beta * jnp.sum(jnp.where(desirable_B, 0, log_ratio_B)) / count_u
-        ),
+        reward_desirable=mean_reward(desirable_B),
+        reward_undesirable=mean_reward(~desirable_B),
     )
     return loss, metrics
 

@@ -23,6 +23,7 @@ import numpy as np
 from kernels.algorithms import POLICY_ALGORITHMS
 from kernels.objectives import configure, policy_loss, preference_loss
 
+
 def make_batch(batch: int, width: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(width // 4, width + 1, size=batch)

@@ -61,7 +61,7 @@ def test_dpo_gradient_equals_autodiff_of_the_reference(data, beta, smoothing):
     assert float(loss) == pytest.approx(float(ref_loss), abs=1e-12)
     np.testing.assert_allclose(grad, ref_grad, atol=1e-12)
     # Chosen and rejected rows of a pair get gradients equal in size and opposite in sign.
-    per_row = np.array([g[m][0] for g, m in zip(np.asarray(grad), mask)])
+    per_row = np.array([g[m][0] for g, m in zip(np.asarray(grad), mask, strict=True)])
     np.testing.assert_allclose(per_row[:ROWS // 2], -per_row[ROWS // 2:], atol=1e-15)
 
 
@@ -71,7 +71,7 @@ def test_dpo_margin_identities(data, shift):
     mask, logp, logp_ref = data
     loss, metrics = dpo(logp, logp_ref, mask)
     swapped = lambda x: np.concatenate(np.split(x, 2)[::-1])  # noqa: E731
-    loss_swapped, metrics_swapped = dpo(swapped(logp), swapped(logp_ref), swapped(mask))
+    _, metrics_swapped = dpo(swapped(logp), swapped(logp_ref), swapped(mask))
     # Swapping maps Δ → -Δ; with one pair, L(Δ) - L(-Δ) = -βΔ.
     assert float(metrics_swapped["reward_margin"]) == pytest.approx(
         -float(metrics["reward_margin"]), abs=1e-12)
