@@ -76,7 +76,11 @@ def _group_lengths(lengths_B: jax.Array, group_size: int | None) -> jax.Array:
 
 
 def batch_totals(mask_BT: jax.Array, *, group_size: int | None = None) -> Totals:
-    """Counts the normalisers of one (piece of a) batch; rows of a group must be contiguous."""
+    """Counts the normalisers of one (piece of a) batch; rows of a group must be contiguous.
+
+    Pass the same ``group_size`` as the loss will use: without it ``num_groups`` stays 0 and
+    ``group_token_mean`` would weigh every token by 0.
+    """
     lengths_B = jnp.sum(jnp.asarray(mask_BT, bool), axis=1, dtype=jnp.int32)
     num_groups = jnp.zeros((), jnp.int32)
     if group_size is not None:
