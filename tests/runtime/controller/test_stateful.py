@@ -7,7 +7,9 @@ with decision checking, I6) and folding it reproduces the state the live control
 each of its commits. At the end the run is driven to completion without faults and, in
 deterministic mode, its batch and weight digests must equal an undisturbed run's (I7).
 
-Examples: 30 in the "ci" profile (about 25 s here), 1,000 under HYPOTHESIS_PROFILE=nightly.
+Four variants (deterministic / freshest, with and without DAPO filtering), each with 15
+examples of up to 30 steps in the "ci" profile (about 25 s in all here) and 250 under
+HYPOTHESIS_PROFILE=nightly (1,000 in all).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier,
 from runtime.controller.state import INITIAL
 from runtime.controller.workers import INFERENCE, TRAINER, VERIFIER, InitTask
 
-EXAMPLES = {"nightly": 1000}.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), 30)
+EXAMPLES = {"nightly": 250}.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), 15)  # per variant
 TIMEOUT = 10.0
 
 
@@ -62,10 +64,11 @@ def reference(config) -> list[tuple[str, str]]:
 
 
 class ControllerMachine(RuleBasedStateMachine):
+    MODE = "deterministic"
+    FILTER = False
+
     @initialize(
-        mode=st.sampled_from(["deterministic", "freshest"]),
         k=st.integers(0, 2),
-        filter_groups=st.booleans(),
         group_size=st.integers(1, 3),
         groups=st.integers(1, 3),
         steps=st.integers(2, 4),
@@ -74,7 +77,8 @@ class ControllerMachine(RuleBasedStateMachine):
         seed=st.integers(0, 2**32),
         workers=st.lists(st.integers(1, 3), min_size=1, max_size=3),
     )
-    def start(self, mode, k, filter_groups, group_size, groups, steps, size, keep, seed, workers):
+    def start(self, k, group_size, groups, steps, size, keep, seed, workers):
+        mode, filter_groups = self.MODE, self.FILTER
         self.config = load_config(None, [
             f"scheduling.mode={mode}", f"scheduling.max_staleness={k}", f"scheduling.filter_groups={str(filter_groups).lower()}",
             f"sampling.group_size={group_size}", f"scheduling.groups_per_batch={groups}",
@@ -173,6 +177,11 @@ class ControllerMachine(RuleBasedStateMachine):
         self.stash.extend(done[:2])
         verdicts = self.loop.complete(done)
         assert all(v.accepted for v in verdicts), verdicts
+        if data.draw(st.booleans()):
+            verdict = self.loop.complete(done[-1:])[0]
+            assert not verdict.accepted and "duplicate" in verdict.reason
+            event("duplicate completion rejected")
+            self.faults += 1
         self._note()
 
     @rule(data=st.data())
@@ -300,5 +309,15 @@ class ControllerMachine(RuleBasedStateMachine):
         assert not violations, "\n".join(map(str, violations))
 
 
-ControllerMachine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=30, deadline=None)
-TestController = ControllerMachine.TestCase
+def _variant(mode: str, filter_groups: bool):
+    machine = type(f"Machine_{mode}_{filter_groups}", (ControllerMachine,), {"MODE": mode, "FILTER": filter_groups})
+    case = machine.TestCase
+    case.settings = settings(max_examples=EXAMPLES, stateful_step_count=30, deadline=None)
+    return case
+
+
+# One machine per (mode, filtering) so that each gets its share of examples.
+TestDeterministic = _variant("deterministic", False)
+TestDeterministicFiltered = _variant("deterministic", True)
+TestFreshest = _variant("freshest", False)
+TestFreshestFiltered = _variant("freshest", True)
