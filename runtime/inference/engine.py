@@ -28,11 +28,12 @@ from runtime.inference import scheduler
 from runtime.inference.pages import PagePool, pages_for
 from runtime.inference.requests import Completion, GenerateStats, check_requests
 from runtime.inference.sampling import SamplingParams, finish_reason
-from runtime.inference.steps import decode_step, prefill_into_slot
+from runtime.inference.steps import decode_step, prefill_into_slots
 from runtime.model import Model, init_cache
 
 BATCHING = ("continuous", "static")
 MIN_BUCKET = 16
+DEFAULT_PREFILL_TOKENS = 64
 
 
 def _positive_int(name: str, value, least: int = 1) -> int:
@@ -65,6 +66,10 @@ class Engine:
         the model's ``max_position_embeddings`` and what the pool holds.
       prefill_buckets: prompt lengths prefill is compiled for; default powers of two (16, 32, …)
         up to ``max_seq_len - 1``.
+      prefill_tokens: prompt tokens per prefill call: a prompt of bucket ``T`` is prefilled with
+        up to ``max(1, prefill_tokens // T)`` others (at most ``max_slots``) in one call of that
+        fixed shape, whose unused rows are empty. More rows amortise a call when many requests
+        arrive at once; fewer cost less when they trickle in one by one.
       attention_impl: paged attention implementation (``kernels.paged_attention.IMPLS``).
     """
 
@@ -77,6 +82,7 @@ class Engine:
         num_pages: int,
         max_seq_len: int | None = None,
         prefill_buckets: Sequence[int] | None = None,
+        prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         attention_impl: str = "reference",
     ):
         self.config = model.config
@@ -98,6 +104,10 @@ class Engine:
         self.buckets = tuple(sorted({_positive_int("prefill bucket", b) for b in prefill_buckets}))
         if not self.buckets:
             raise UsageError("prefill_buckets is empty; give at least one prompt length")
+        self.prefill_tokens = _positive_int("prefill_tokens", prefill_tokens)
+        self.prefill_rows = {
+            T: max(1, min(self.max_slots, self.prefill_tokens // T)) for T in self.buckets
+        }
         if attention_impl not in IMPLS:
             raise UsageError(
                 f"attention_impl={attention_impl!r} is not accepted; accepted: {', '.join(IMPLS)}"
@@ -123,6 +133,7 @@ class Engine:
             "page_size": self.page_size,
             "max_seq_len": self.max_seq_len,
             "prefill_buckets": list(self.buckets),
+            "prefill_tokens": self.prefill_tokens,
             "attention_impl": self.attention_impl,
         }
 
@@ -154,12 +165,12 @@ class Engine:
             jax.ShapeDtypeStruct((S, 2), jnp.uint32), i32(S),
             f32(S), i32(S), f32(S),
         ).compile()
-        prefill = jax.jit(functools.partial(prefill_into_slot, config=c), donate_argnums=(5, 6))
+        prefill = jax.jit(functools.partial(prefill_into_slots, config=c), donate_argnums=(5, 6))
         self._prefill = {
             T: prefill.lower(
-                self._params_shape, i32(1, T), i32(1), i32(1, P), i32(), cache, logits
+                self._params_shape, i32(R, T), i32(R), i32(R, P), i32(R), cache, logits
             ).compile()
-            for T in self.buckets
+            for T, R in self.prefill_rows.items()
         }
 
     def _reset_buffers(self) -> None:
@@ -214,7 +225,7 @@ class Engine:
             raise
 
     def _run(self, prompts, params, key_data, *, static: bool) -> list[Completion]:
-        n, S, P = len(prompts), self.max_slots, self.pages_per_seq
+        n, S = len(prompts), self.max_slots
         lengths = [p.size for p in prompts]
         temperature = np.array([p.temperature for p in params], np.float32)
         top_k = np.array([p.top_k for p in params], np.int32)
@@ -229,8 +240,8 @@ class Engine:
         while not state.done:
             state, decisions = scheduler.plan(state, lengths, static=static)
             preemptions += len(decisions.preempted)
+            self._prefill_requests(state, decisions.admitted, prompts)
             for request, slot in decisions.admitted:
-                self._prefill_request(prompts[request], state.pool.table_row(request, P), slot)
                 admissions.append((steps, request, slot))
                 prefills += 1
             inputs = self._step_inputs(state, lengths, tokens, key_data, temperature, top_k, top_p)
@@ -277,14 +288,27 @@ class Engine:
             for i in range(n)
         ]
 
-    def _prefill_request(self, prompt: np.ndarray, page_row: np.ndarray, slot: int) -> None:
-        bucket = next(b for b in self.buckets if b >= prompt.size)
-        padded = np.zeros((1, bucket), np.int32)
-        padded[0, : prompt.size] = prompt
-        self._cache, self._logits = self._prefill[bucket](
-            self._params, padded, np.array([prompt.size], np.int32), page_row[None],
-            np.int32(slot), self._cache, self._logits,
-        )
+    def _prefill_requests(self, state, admitted, prompts) -> None:
+        """Prefill the admitted requests, grouped by bucket, ``prefill_rows[bucket]`` per call."""
+        P, S = self.pages_per_seq, self.max_slots
+        by_bucket: dict[int, list[tuple[int, int]]] = {}
+        for request, slot in admitted:
+            bucket = next(b for b in self.buckets if b >= prompts[request].size)
+            by_bucket.setdefault(bucket, []).append((request, slot))
+        for bucket, group in sorted(by_bucket.items()):
+            R = self.prefill_rows[bucket]
+            for lo in range(0, len(group), R):
+                tokens = np.zeros((R, bucket), np.int32)
+                lengths = np.zeros(R, np.int32)
+                rows = np.zeros((R, P), np.int32)
+                slots = np.full(R, S, np.int32)
+                for i, (request, slot) in enumerate(group[lo : lo + R]):
+                    prompt = prompts[request]
+                    tokens[i, : prompt.size], lengths[i] = prompt, prompt.size
+                    rows[i], slots[i] = state.pool.table_row(request, P), slot
+                self._cache, self._logits = self._prefill[bucket](
+                    self._params, tokens, lengths, rows, slots, self._cache, self._logits
+                )
 
     def _step_inputs(self, state, lengths, tokens, key_data, temperature, top_k, top_p):
         S, P = self.max_slots, self.pages_per_seq

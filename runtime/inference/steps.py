@@ -1,17 +1,19 @@
-"""The engine's two device programs: prefill one request into a slot, and one decode step.
+"""The engine's two device programs: prefill prompts into their slots, and one decode step.
 
 Both are pure functions, compiled ahead of time by the engine for fixed shapes:
 
-- ``prefill_into_slot``: ``[1, bucket]`` prompt tokens -> KV cache pages of the prompt, and the
-  logits of the first generated token written into row ``slot`` of the slot logits ``[S, V]``.
-  One program per bucket; the slot index is traced, so every slot shares it.
+- ``prefill_into_slots``: ``[R, bucket]`` prompt tokens (``R`` fixed per bucket, unused rows
+  empty) -> KV cache pages of the prompts, and the logits of each one's first
+  generated token written into its slot's row of the slot logits ``[S, V]``. One program per
+  bucket; slot indices are traced, so every slot shares it.
 - ``decode_step``: for all ``S`` slots at once, draw a token from each slot's logits (or take the
   forced token of a slot that replays tokens it generated before a preemption), then run the
   decoder on those tokens, writing their keys/values and producing the next logits.
 
 A slot's results depend only on that slot's inputs: the decoder, the sampler and the log-prob are
-row-wise at a fixed ``[S, ...]`` shape, and a prefill always runs one request at its bucket's
-fixed shape. This is what makes a request's tokens and log-prob bits independent of the batch.
+row-wise at a fixed ``[S, ...]`` shape, and a prompt is always prefilled at its bucket's fixed
+``[R, bucket]`` shape, whatever the other rows hold. This is what makes a request's tokens and
+log-prob bits independent of the batch.
 """
 
 from __future__ import annotations
@@ -24,33 +26,32 @@ from runtime.inference.sampling import sample
 from runtime.model import KVCache, ModelConfig, decode, prefill
 
 
-def prefill_into_slot(
+def prefill_into_slots(
     params: dict,
-    tokens_1T: jax.Array,
-    length_1: jax.Array,
-    page_row_1P: jax.Array,
-    slot: jax.Array,
+    tokens_RT: jax.Array,
+    lengths_R: jax.Array,
+    page_rows_RP: jax.Array,
+    slots_R: jax.Array,
     cache: KVCache,
     logits_SV: jax.Array,
     *,
     config: ModelConfig,
 ) -> tuple[KVCache, jax.Array]:
-    """Prefill one prompt and put its next-token logits in row ``slot``.
+    """Prefill ``R`` prompts and put each one's next-token logits in its slot's row.
 
     DONATES cache, logits_SV.
 
     Args:
-      tokens_1T: the prompt, right-padded to the bucket length ``T``.
-      length_1: int32 prompt length.
-      page_row_1P: the request's page-table row (pages for at least ``length`` tokens).
-      slot: int32 scalar, the decode slot the request takes.
+      tokens_RT: prompts right-padded to the bucket length ``T``.
+      lengths_R: int32 prompt lengths; 0 marks an unused row, which writes nothing.
+      page_rows_RP: each request's page-table row (pages for at least ``length`` tokens).
+      slots_R: int32 the decode slot each request takes; ``S`` (out of range) for unused rows.
 
     Returns:
-      ``(cache, logits_SV)`` with the prompt's keys/values written and row ``slot`` replaced.
+      ``(cache, logits_SV)`` with the prompts' keys/values written and their slots' rows replaced.
     """
-    logits_1V, cache = prefill(params, tokens_1T, length_1, cache, page_row_1P, config=config)
-    logits_SV = jax.lax.dynamic_update_slice(logits_SV, logits_1V, (slot, jnp.int32(0)))
-    return cache, logits_SV
+    logits_RV, cache = prefill(params, tokens_RT, lengths_R, cache, page_rows_RP, config=config)
+    return cache, logits_SV.at[slots_R].set(logits_RV, mode="drop")
 
 
 def decode_step(

@@ -17,6 +17,7 @@ CONFIG = ModelConfig(
 )
 # 4 slots; 20 usable pages of 4 tokens hold 80 tokens, while 4 sequences of up to 32 tokens
 # (max_seq_len) can need 128: a full batch of long requests runs out of pages and preempts.
+# Prefill runs 4 prompts of bucket 16 per call, 2 of bucket 32.
 ENGINE = dict(max_slots=4, page_size=4, num_pages=21, max_seq_len=32)
 
 

@@ -193,7 +193,7 @@ def test_new_weights_without_recompiling(engine, model):
     bigger = Engine(other, **{**ENGINE, "num_pages": 37})
     assert bigger.batch_shape == engine.batch_shape == {
         "max_slots": 4, "page_size": 4, "max_seq_len": 32, "prefill_buckets": [16, 32],
-        "attention_impl": "reference",
+        "prefill_tokens": 64, "attention_impl": "reference",
     }
     fresh = bigger.generate(prompts[:4], params[:4], seeds[:4])
     for a, b in zip(changed, fresh, strict=True):
