@@ -36,6 +36,8 @@ from runtime.errors import UsageError
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 SEED_LIMIT = 2**64
+# Below this, logits / T can overflow float32; a temperature that low is greedy in all but name.
+MIN_TEMPERATURE = 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +45,8 @@ class SamplingParams:
     """How one request is decoded.
 
     Attributes:
-      temperature: ``0.0`` means greedy; otherwise the logits are divided by it.
+      temperature: ``0.0`` means greedy; otherwise the logits are divided by it (at least
+        ``MIN_TEMPERATURE``).
       top_k: keep the ``top_k`` most likely tokens; ``0`` means off.
       top_p: nucleus mass in ``(0, 1]``; ``1.0`` means off.
       max_tokens: the most tokens to generate (finish reason ``"length"``).
@@ -62,9 +65,15 @@ class SamplingParams:
 
     def __post_init__(self):
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, (int, float))
+            or not math.isfinite(t)
+            or not (t == 0 or t >= MIN_TEMPERATURE)
+        ):
             raise UsageError(
-                f"temperature={t!r} is not accepted; it must be a finite number >= 0 (0 = greedy)"
+                f"temperature={t!r} is not accepted; it must be 0 (greedy) or a finite number "
+                f">= {MIN_TEMPERATURE}"
             )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise UsageError(

@@ -24,7 +24,8 @@ sample_jit = jax.jit(sample)
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("temperature", -0.1, "temperature=-0.1 is not accepted; it must be a finite number >= 0"),
+        ("temperature", -0.1, r"temperature=-0.1 is not accepted; it must be 0 \(greedy\) or a"),
+        ("temperature", 1e-6, "temperature=1e-06 is not accepted"),
         ("temperature", float("nan"), "temperature=nan"),
         ("top_k", -1, "top_k=-1 is not accepted; it must be an integer >= 0"),
         ("top_k", 2.5, "top_k=2.5"),
