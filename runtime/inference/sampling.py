@@ -2,7 +2,7 @@
 
 The key of generated token ``t`` (0-based, counting generated tokens only) of a request with seed
 ``s`` is ``fold_in(key(s), t)``, where ``key(s)`` is the threefry key with data
-``[s >> 32, s & 0xffffffff]`` (``jax.random.key(s)`` for seeds below 2**32, and
+``[s >> 32, s & 0xffffffff]`` (``jax.random.key(s)`` for seeds below 2**31, and
 ``runtime.rng.jax_key(s)`` for every 64-bit seed). A token therefore depends on its request's seed
 and index only, never on the batch, the slot or the step it was drawn in.
 
