@@ -13,6 +13,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = (
+    "runtime.commands.run",
     "runtime.commands.ledger",
     "runtime.commands.verify",
     "runtime.commands.serve",

@@ -107,7 +107,7 @@ class RunConfig(Section):
     NAME = "run"
     name: str = "run"
     seed: int = 0
-    steps: int = 20
+    steps: int = 100
 
     def check(self) -> None:
         if not self.name or len(self.name) > 200:
@@ -123,6 +123,41 @@ class ModelConfig(Section):
 
     NAME = "model"
     path: str | None = None
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 512
+
+    def check(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            self._at_least(name, 1)
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise _fail("model.num_heads", self.num_heads,
+                        "hidden_size must be a multiple of num_heads and num_heads of num_kv_heads")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig(Section):
+    """The supervised warm start of the built-in model (0 steps: none) and held-out evaluation.
+
+    ``cache_dir`` (None: ``~/.cache/rlx/warm_start``) keeps finished warm starts by a digest of
+    their inputs. ``eval_size`` caps the held-out problems evaluated before and after RL.
+    """
+
+    NAME = "pretrain"
+    steps: int = 300
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    cache_dir: str | None = None
+    eval_size: int = 500
+
+    def check(self) -> None:
+        self._at_least("steps", 0)
+        self._at_least("batch_size", 1)
+        self._at_least("eval_size", 1)
+        if self.learning_rate <= 0.0:
+            raise _fail("pretrain.learning_rate", self.learning_rate, "it must be > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +187,7 @@ class SamplingConfig(Section):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_tokens: int = 64
+    max_tokens: int = 8
 
     def check(self) -> None:
         self._at_least("group_size", 1)
@@ -197,7 +232,7 @@ class SchedulingConfig(Section):
     NAME = "scheduling"
     mode: str = "deterministic"
     max_staleness: int = 1
-    groups_per_batch: int = 8
+    groups_per_batch: int = 32
     filter_groups: bool | None = None
     max_groups_per_batch: int | None = None
 
@@ -217,7 +252,7 @@ class TrainerConfig(Section):
     """The optimizer of the train step (AdamW with warm-up and global-norm clipping)."""
 
     NAME = "trainer"
-    learning_rate: float = 1e-5
+    learning_rate: float = 1e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
@@ -275,7 +310,7 @@ class ParamsConfig(Section):
 
 SECTIONS: dict[str, type[Section]] = {
     cls.NAME: cls
-    for cls in (RunConfig, ModelConfig, DataConfig, SamplingConfig, AlgorithmConfig,
+    for cls in (RunConfig, ModelConfig, PretrainConfig, DataConfig, SamplingConfig, AlgorithmConfig,
                 SchedulingConfig, TrainerConfig, WorkersConfig, LedgerConfig, ParamsConfig)
 }
 
@@ -286,6 +321,7 @@ class Config:
 
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = dataclasses.field(default_factory=PretrainConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)

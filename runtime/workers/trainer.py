@@ -33,7 +33,8 @@ class StepTrainer:
         self.config = config
         self.group_size = group_size
         self.width = width
-        self._reference = model.params  # version 0: the KL / preference reference
+        # Version 0, the KL / preference reference; a copy, because train steps donate their inputs.
+        self._reference = jax.tree.map(jnp.array, model.params)
         self._state: tuple[int, str, dict, object] | None = None  # version, digest, params, opt state
         self._versions: dict[int, dict] = {}  # small cache of older versions for old log-probs
         self.last_metrics: dict[str, float] = {}
@@ -41,7 +42,7 @@ class StepTrainer:
     # -- version 0 -------------------------------------------------------------------------------
 
     def initialize(self, task: InitTask) -> WeightsPublished:
-        params = self.model.params
+        params = jax.tree.map(jnp.array, self.model.params)
         opt_state = make_optimizer(self.config).init(params)
         digest = self.store.put(0, params, opt_state)
         self._state = (0, digest, params, opt_state)

@@ -1,0 +1,68 @@
+"""``rlx run`` and ``rlx pretrain``: run RL end to end, or only the supervised warm start."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run RL end to end (no arguments: the built-in arithmetic demo)")
+    p.add_argument("config", nargs="?", help="TOML config file (default: the built-in demo)")
+    p.add_argument("--out", default="runs/demo", help="run directory for ledger.db, params/, summary.json, report.png")
+    p.add_argument("--steps", type=int, help="training steps (run.steps)")
+    p.add_argument("--seed", type=int, help="run seed (run.seed)")
+    p.add_argument("--model", help="local Hugging Face checkpoint directory (model.path)")
+    p.add_argument("--data", help="JSONL file of {prompt, answer} or {prompt, tests} rows (data.path)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a config value, e.g. --set algorithm.name=rloo (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.set_defaults(func=cmd_run)
+
+
+def _config(args: argparse.Namespace):
+    from runtime.config import load_config
+
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"run.steps={args.steps}")
+    if args.seed is not None:
+        overrides.append(f"run.seed={args.seed}")
+    if args.model is not None:
+        overrides.append(f"model.path={_toml_string(args.model)}")
+    if args.data is not None:
+        overrides.append(f"data.path={_toml_string(args.data)}")
+        overrides.append("data.task=\"jsonl\"")
+    return load_config(args.config, overrides)
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from runtime.run import run
+
+    config = _config(args)
+    console = Console()
+    summary = run(config, args.out, progress=not args.no_progress, log=lambda m: console.print(m))
+    t = Table(title=f"run {summary['run']}", show_header=False)
+    rows = [
+        ("steps", str(summary["steps"])),
+        ("held-out pass rate", f"{summary['eval_before']:.1%} → {summary['eval_after']:.1%} "
+                               f"({summary['eval_size']} problems, greedy)"),
+        ("train reward", f"{summary['reward_curve'][0]:.3f} → {summary['reward_curve'][-1]:.3f}"
+         if summary["reward_curve"] else "-"),
+        ("rollouts", f"{summary['rollouts']} ({summary['rollout_tokens_per_s']:,.0f} tokens/s)"),
+        ("steps/min", f"{summary['steps_per_minute']:.1f}"),
+        ("final version", f"{summary['final_version']}  digest {summary['final_digest'][:16]}"),
+        ("wall time", f"{summary['total_seconds']:.0f} s (RL {summary['rl_seconds']:.0f} s)"),
+        ("files", f"{os.path.join(args.out, 'ledger.db')}, summary.json, report.png"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    return 0

@@ -1,0 +1,366 @@
+"""``rlx run``: a whole run in one process — controller, inference, verifier and trainer workers.
+
+The controller (``runtime.controller.ControllerLoop``) is the only writer of the ledger. The
+workers are threads that talk to it through the same pull interface remote workers use:
+the inference worker takes leases and submits completions, the verifier scores completed
+rollouts, the trainer publishes version 0 and runs each step as its batch forms. The main thread
+only watches: it shows progress and turns silence into lease expiries.
+
+Everything that decides is in the ledger or a pure function of it, so the final weights depend on
+(config, seed, data, software stack) only in deterministic mode — not on thread timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ledger import open_store
+from ledger import events as ev
+from runtime.config import Config
+from runtime.errors import RlxError, UsageError
+
+
+@dataclasses.dataclass
+class Session:
+    """Everything a run needs, built from its config (see :func:`build_session`)."""
+
+    config: Config
+    out: str
+    task: Any
+    tokenizer: Any
+    model: Any
+    engine: Any
+    width: int
+    warm_start: dict
+
+
+def fingerprint() -> dict:
+    """The software/hardware stack the run's bits depend on (recorded in ``RunStarted``)."""
+    import platform
+
+    import jax
+    import jaxlib
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    device = jax.devices()[0]
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def _builtin_model(config: Config, tokenizer):
+    import jax
+
+    from runtime.model import BOS_ID, EOS_ID, PAD_ID, Model, ModelConfig
+
+    m = config.model
+    mc = ModelConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=256,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+    )
+    return Model.init(mc, key=jax.random.key(config.run.seed), tokenizer=tokenizer)
+
+
+def make_task(config: Config):
+    from runtime.tasks import make_task as build
+
+    d = config.data
+    if d.task == "jsonl" or d.path is not None:
+        if d.path is None:
+            raise UsageError("data.task 'jsonl' needs data.path (a JSONL file)")
+        return build("jsonl", path=d.path, eval_fraction=d.eval_fraction or 0.1, seed=config.run.seed)
+    return build(d.task, seed=config.run.seed)
+
+
+def build_session(config: Config, out: str, *, log: Callable[[str], None] = print) -> Session:
+    """Task, tokenizer, initial model (after the supervised warm start) and engine."""
+    from runtime.inference import Engine
+    from runtime.model import char_tokenizer, load_hf
+    from runtime.trainer.pretrain import PretrainConfig, cached_warm_start
+
+    task = make_task(config)
+    if config.model.path is not None:
+        if not os.path.isfile(os.path.join(config.model.path, "config.json")):
+            raise UsageError(f"model.path {config.model.path!r} is not a Hugging Face checkpoint directory (no config.json)")
+        model = load_hf(config.model.path)
+        if model.tokenizer is None:
+            raise UsageError(f"model.path {config.model.path!r} has no tokenizer.json")
+        tokenizer = model.tokenizer
+    else:
+        tokenizer = char_tokenizer()
+        model = _builtin_model(config, tokenizer)
+    longest_prompt = max(
+        len(task.encode_prompt(tokenizer, task.problem(split, i)))
+        for split, n in (("train", task.train_size), ("eval", task.eval_size))
+        for i in range(min(n, 256))
+    )
+    width = longest_prompt + config.sampling.max_tokens
+    warm = {"steps": 0, "cached": False}
+    p = config.pretrain
+    if p.steps > 0:
+        cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
+        log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
+        model, path, cached = cached_warm_start(
+            model, task,
+            PretrainConfig(steps=p.steps, batch_size=p.batch_size, learning_rate=p.learning_rate, seed=config.run.seed),
+            width=width, cache_dir=cache_dir,
+        )
+        warm = {"steps": p.steps, "cached": cached, "checkpoint": path}
+    slots = config.workers.inference_slots
+    page_size = 16
+    pages_per_seq = -(-width // page_size)
+    engine = Engine(model, max_slots=slots, page_size=page_size, num_pages=slots * pages_per_seq + 1,
+                    max_seq_len=pages_per_seq * page_size, prefill_buckets=_buckets(longest_prompt))
+    return Session(config, out, task, tokenizer, model, engine, width, warm)
+
+
+def _buckets(longest: int) -> tuple[int, ...]:
+    b = 16
+    while b < longest:
+        b *= 2
+    return (b,)
+
+
+def evaluate(session: Session, params, *, limit: int) -> float:
+    """Greedy pass rate on the held-out split (at most ``limit`` problems)."""
+    from runtime.workers.inference import sampling_params
+
+    task, tok = session.task, session.tokenizer
+    n = min(limit, task.eval_size)
+    problems = [task.problem("eval", i) for i in range(n)]
+    session.engine.update_params(params)
+    sp = sampling_params({"temperature": 0.0, "max_tokens": session.config.sampling.max_tokens})
+    completions = session.engine.generate([task.encode_prompt(tok, p) for p in problems], sp, list(range(n)))
+    texts = [task.decode_completion(tok, c.tokens) for c in completions]
+    return float(np.mean([s.passed for s in task.score(problems, texts)]))
+
+
+class _Workers:
+    """The worker threads of one process; the first error stops them all."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.threads: list[threading.Thread] = []
+
+    def spawn(self, name: str, body: Callable[[], bool]) -> None:
+        """Run ``body`` until stopped; it returns False when it found nothing to do."""
+
+        def loop() -> None:
+            try:
+                while not self.stop.is_set():
+                    if not body():
+                        self.stop.wait(0.005)
+            except BaseException as e:  # surfaced by the main thread
+                self.error = e
+                self.stop.set()
+
+        t = threading.Thread(target=loop, name=name, daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Run ``config`` into directory ``out``; return the summary (also in ``out/summary.json``)."""
+    from runtime.controller import ControllerLoop
+    from runtime.params import ParamStore
+    from runtime.trainer.step import StepConfig
+    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
+
+    os.makedirs(out, exist_ok=True)
+    ledger_url = config.ledger.url or os.path.join(out, "ledger.db")
+    params_url = config.params.url or os.path.join(out, "params")
+    t_start = time.monotonic()
+    session = build_session(config, out, log=log)
+    config = config.resolved(data_size=session.task.train_size)
+    store = open_store(ledger_url, create=True)
+    if config.run.name in store.runs():
+        store.close()
+        raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; choose another --out "
+                         "or run.name")
+    pstore = ParamStore.open(params_url, create=True)
+    step_config = StepConfig(
+        model=session.model.config, objective=config.objective(),
+        learning_rate=config.trainer.learning_rate, weight_decay=config.trainer.weight_decay,
+        max_grad_norm=config.trainer.max_grad_norm, temperature=config.sampling.temperature,
+    )
+    loaded: dict[int, tuple[dict, str]] = {}
+
+    def load_params(version: int):
+        if version not in loaded:
+            loaded.clear()
+            loaded[version] = (pstore.get(version), pstore.digest(version))
+        return loaded[version]
+
+    eval_limit = config.pretrain.eval_size
+    eval_before = evaluate(session, session.model.params, limit=eval_limit)
+    log(f"held-out pass rate before RL: {eval_before:.1%}")
+
+    fp = fingerprint()
+    ctrl = ControllerLoop.create(
+        store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
+        seed=config.run.seed, fingerprint=fp, lease_timeout_s=config.workers.lease_timeout_s,
+        on_retire=lambda versions: [pstore.delete(v) for v in versions if v in pstore.versions()],
+    )
+    inference = EngineWorker("inference-0", session.engine, session.task, session.tokenizer, load_params)
+    verifier = TaskVerifier("verifier-0", session.task, session.tokenizer)
+    trainer = StepTrainer("trainer-0", session.model, session.task, pstore, step_config,
+                          group_size=config.sampling.group_size, width=session.width)
+    ctrl.join(inference.worker_id, "inference", slots=inference.slots)
+    ctrl.join(verifier.worker_id, "verifier")
+    ctrl.join(trainer.worker_id, "trainer")
+
+    def infer() -> bool:
+        leases = ctrl.leases(inference.worker_id)
+        if not leases:
+            return False
+        ctrl.complete(inference.generate(leases))
+        return True
+
+    def verify() -> bool:
+        tasks = ctrl.scoring_work(verifier.worker_id, 512)
+        if not tasks:
+            return False
+        ctrl.record_outcomes(verifier.score(tasks))
+        return True
+
+    def train() -> bool:
+        task = ctrl.train_task(trainer.worker_id)
+        if task is None:
+            return False
+        ctrl.publish([trainer.initialize(task)] if task.__class__.__name__ == "InitTask" else list(trainer.train(task)))
+        return True
+
+    workers = _Workers()
+    t_rl = time.monotonic()
+    workers.spawn("trainer", train)
+    workers.spawn("verifier", verify)
+    workers.spawn("inference", infer)
+    try:
+        _watch(ctrl, workers, trainer, inference, config, progress)
+    finally:
+        workers.join()
+    if workers.error is not None:
+        raise workers.error
+    rl_seconds = time.monotonic() - t_rl
+    state = ctrl.state
+    final_version = state.latest
+    final_digest = state.versions[final_version]
+    final_params = pstore.get(final_version)
+    eval_after = evaluate(session, final_params, limit=eval_limit)
+    log(f"held-out pass rate after RL: {eval_after:.1%}")
+    summary = _summary(store, config, final_version, final_digest, eval_before, eval_after,
+                       rl_seconds, time.monotonic() - t_start, inference.generated_tokens, session)
+    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    try:
+        from runtime.report import plot_report
+
+        plot_report(summary, os.path.join(out, "report.png"))
+    except ImportError:  # matplotlib is a dependency; a broken install only loses the picture
+        log("report.png skipped: matplotlib is not importable")
+    store.close()
+    return summary
+
+
+def _watch(ctrl, workers: _Workers, trainer, inference, config: Config, progress: bool) -> None:
+    """Wait for the run to finish, showing progress and expiring silent leases."""
+    steps = config.run.steps
+    last_expire = time.monotonic()
+    t0 = time.monotonic()
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                       TextColumn("{task.fields[info]}"))
+        bar.start()
+        task_id = bar.add_task("rl", total=steps, info="")
+    try:
+        while not ctrl.finished and not workers.stop.is_set():
+            workers.stop.wait(0.2)
+            now = time.monotonic()
+            if now - last_expire > 1.0:
+                ctrl.expire()
+                last_expire = now
+            if progress:
+                m = trainer.last_metrics
+                rate = inference.generated_tokens / max(now - t0, 1e-9)
+                info = (f"reward {m.get('reward_mean', 0):.3f}  pass {m.get('pass_rate', 0):.1%}  "
+                        f"{rate:,.0f} tok/s") if m else "starting"
+                bar.update(task_id, completed=ctrl.state.trained, info=info)
+    finally:
+        if progress:
+            bar.update(task_id, completed=ctrl.state.trained)
+            bar.stop()
+
+
+def _summary(store, config: Config, final_version: int, final_digest: str, eval_before: float,
+             eval_after: float, rl_seconds: float, total_seconds: float, tokens: int, session: Session) -> dict:
+    steps, rollouts = [], 0
+    for s in store.read(config.run.name):
+        e = s.event
+        if isinstance(e, ev.TrainStepCompleted):
+            steps.append({"step": e.step, **e.metrics})
+        elif isinstance(e, ev.RolloutCompleted):
+            rollouts += 1
+    steps.sort(key=lambda m: m["step"])
+    return {
+        "run": config.run.name,
+        "config_digest": config.digest(),
+        "final_version": final_version,
+        "final_digest": final_digest,
+        "steps": len(steps),
+        "eval_before": eval_before,
+        "eval_after": eval_after,
+        "eval_size": min(config.pretrain.eval_size, session.task.eval_size),
+        "warm_start": session.warm_start,
+        "rollouts": rollouts,
+        "rollout_tokens": tokens,
+        "rl_seconds": rl_seconds,
+        "total_seconds": total_seconds,
+        "steps_per_minute": 60.0 * len(steps) / max(rl_seconds, 1e-9),
+        "rollout_tokens_per_s": tokens / max(rl_seconds, 1e-9),
+        "reward_curve": [m.get("reward_mean") for m in steps],
+        "pass_rate_curve": [m.get("pass_rate") for m in steps],
+        "metrics": steps,
+    }
+
+
+__all__ = ["Session", "build_session", "evaluate", "fingerprint", "run", "RlxError"]
