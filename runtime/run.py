@@ -25,7 +25,7 @@ import numpy as np
 from ledger import open_store
 from ledger import events as ev
 from runtime.config import Config
-from runtime.errors import RlxError, UsageError
+from runtime.errors import UsageError
 
 
 @dataclasses.dataclass
@@ -201,8 +201,6 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     """Run ``config`` into directory ``out``; return the summary (also in ``out/summary.json``)."""
     from runtime.controller import ControllerLoop
     from runtime.params import ParamStore
-    from runtime.trainer.step import StepConfig
-    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
 
     os.makedirs(out, exist_ok=True)
     ledger_url = config.ledger.url or os.path.join(out, "ledger.db")
@@ -211,11 +209,95 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     session = build_session(config, out, log=log)
     config = config.resolved(data_size=session.task.train_size)
     store = open_store(ledger_url, create=True)
-    if config.run.name in store.runs():
+    try:
+        if config.run.name in store.runs():
+            raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; continue it with "
+                             f"`rlx resume {out}`, or choose another --out or run.name")
+        pstore = ParamStore.open(params_url, create=True)
+        eval_before = evaluate(session, session.model.params, limit=config.pretrain.eval_size)
+        log(f"held-out pass rate before RL: {eval_before:.1%}")
+        ctrl = ControllerLoop.create(
+            store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
+            seed=config.run.seed, fingerprint=fingerprint(), lease_timeout_s=config.workers.lease_timeout_s,
+            on_retire=_retire_from(pstore),
+        )
+        return _drive(session, config, out, store, pstore, ctrl, eval_before, t_start, progress, log)
+    finally:
         store.close()
-        raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; choose another --out "
-                         "or run.name")
-    pstore = ParamStore.open(params_url, create=True)
+
+
+def resume(out: str, *, run_id: str | None = None, progress: bool = True,
+           log: Callable[[str], None] = print) -> dict | None:
+    """Continue the run in ``out`` after a crash or kill: fold the ledger, take a new writer epoch,
+    clean up half-written parameter versions and go on. Returns None if the run had finished."""
+    from runtime.controller import ControllerLoop
+    from runtime.params import ParamStore
+
+    t_start = time.monotonic()
+    store = open_store(out)
+    try:
+        runs = store.runs()
+        if run_id is None:
+            if len(runs) != 1:
+                raise UsageError(f"{out} holds {len(runs)} runs ({', '.join(runs) or 'none'}); pick one with --run")
+            run_id = runs[0]
+        elif run_id not in runs:
+            raise UsageError(f"no run {run_id!r} in {out}; runs present: {', '.join(runs) or 'none'}")
+        report = store.verify(run_id)
+        if not report.ok:
+            hint = "; `rlx ledger repair` can cut a torn tail" if report.torn_tail else ""
+            raise UsageError(f"ledger of run {run_id!r} is corrupt at seq {report.first_bad_seq}: {report.reason}{hint}")
+        first = next(store.read(run_id, 1, 1)).event
+        if not isinstance(first, ev.RunStarted):
+            raise UsageError(f"run {run_id!r} does not start with RunStarted")
+        config = Config.from_dict(first.config)
+        params_url = config.params.url or os.path.join(out, "params")
+        pstore = ParamStore.open(params_url)
+        from runtime.controller import replay
+
+        state = replay(store.read(run_id), check=False)
+        if state.finished:
+            log(f"run {run_id!r} has already finished (version {state.latest}); nothing to resume")
+            return None
+        session = build_session(config, out, log=log)
+        swept = pstore.sweep()
+        if swept:
+            log(f"removed {len(swept)} half-written parameter version(s) left by the crash")
+        missing = [v for v in sorted(state.versions) if v not in pstore.versions()]
+        if state.latest >= 0 and state.latest in missing:
+            raise UsageError(
+                f"version {state.latest} is in the ledger but missing from the parameter store {params_url}; "
+                "`rlx replay` re-derives it"
+            )
+        eval_before = evaluate(session, session.model.params, limit=config.pretrain.eval_size)
+        ctrl = ControllerLoop.resume(store, run_id, fingerprint=fingerprint(),
+                                     lease_timeout_s=config.workers.lease_timeout_s, on_retire=_retire_from(pstore))
+        for v in ctrl.evictable_versions(pstore.versions()):
+            pstore.delete(v)
+        log(f"resumed run {run_id!r} at step {ctrl.state.trained} of {config.run.steps} "
+            f"(writer epoch {ctrl.epoch}, ledger head seq {ctrl.head_seq})")
+        return _drive(session, config, out, store, pstore, ctrl, eval_before, t_start, progress, log)
+    finally:
+        store.close()
+
+
+def _retire_from(pstore) -> Callable[[tuple[int, ...]], None]:
+    def retire(versions: tuple[int, ...]) -> None:
+        present = set(pstore.versions())
+        for v in versions:
+            if v in present:
+                pstore.delete(v)
+
+    return retire
+
+
+def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, eval_before: float,
+           t_start: float, progress: bool, log: Callable[[str], None]) -> dict:
+    """Run the worker threads until the run finishes; evaluate; write summary.json and report.png."""
+    from runtime.controller import InitTask
+    from runtime.trainer.step import StepConfig
+    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
+
     step_config = StepConfig(
         model=session.model.config, objective=config.objective(),
         learning_rate=config.trainer.learning_rate, weight_decay=config.trainer.weight_decay,
@@ -229,16 +311,6 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
             loaded[version] = (pstore.get(version), pstore.digest(version))
         return loaded[version]
 
-    eval_limit = config.pretrain.eval_size
-    eval_before = evaluate(session, session.model.params, limit=eval_limit)
-    log(f"held-out pass rate before RL: {eval_before:.1%}")
-
-    fp = fingerprint()
-    ctrl = ControllerLoop.create(
-        store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
-        seed=config.run.seed, fingerprint=fp, lease_timeout_s=config.workers.lease_timeout_s,
-        on_retire=lambda versions: [pstore.delete(v) for v in versions if v in pstore.versions()],
-    )
     inference = EngineWorker("inference-0", session.engine, session.task, session.tokenizer, load_params)
     verifier = TaskVerifier("verifier-0", session.task, session.tokenizer)
     trainer = StepTrainer("trainer-0", session.model, session.task, pstore, step_config,
@@ -265,7 +337,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         task = ctrl.train_task(trainer.worker_id)
         if task is None:
             return False
-        ctrl.publish([trainer.initialize(task)] if task.__class__.__name__ == "InitTask" else list(trainer.train(task)))
+        ctrl.publish([trainer.initialize(task)] if isinstance(task, InitTask) else list(trainer.train(task)))
         return True
 
     workers = _Workers()
@@ -283,20 +355,15 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     state = ctrl.state
     final_version = state.latest
     final_digest = state.versions[final_version]
-    final_params = pstore.get(final_version)
-    eval_after = evaluate(session, final_params, limit=eval_limit)
+    eval_after = evaluate(session, pstore.get(final_version), limit=config.pretrain.eval_size)
     log(f"held-out pass rate after RL: {eval_after:.1%}")
     summary = _summary(store, config, final_version, final_digest, eval_before, eval_after,
                        rl_seconds, time.monotonic() - t_start, inference.generated_tokens, session)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
-    try:
-        from runtime.report import plot_report
+    from runtime.report import plot_report
 
-        plot_report(summary, os.path.join(out, "report.png"))
-    except ImportError:  # matplotlib is a dependency; a broken install only loses the picture
-        log("report.png skipped: matplotlib is not importable")
-    store.close()
+    plot_report(summary, os.path.join(out, "report.png"))
     return summary
 
 
@@ -363,4 +430,4 @@ def _summary(store, config: Config, final_version: int, final_digest: str, eval_
     }
 
 
-__all__ = ["Session", "build_session", "evaluate", "fingerprint", "run", "RlxError"]
+__all__ = ["Session", "build_session", "evaluate", "fingerprint", "resume", "run"]

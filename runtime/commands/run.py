@@ -19,6 +19,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(func=cmd_run)
 
+    p = subparsers.add_parser("resume", help="continue a run that was killed or crashed")
+    p.add_argument("out", metavar="DIR", help="the run directory")
+    p.add_argument("--run", dest="run_id", help="the run id (default: the only run in DIR)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.set_defaults(func=cmd_resume)
+
 
 def _config(args: argparse.Namespace):
     from runtime.config import load_config
@@ -42,13 +48,31 @@ def _toml_string(text: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from runtime.run import run
 
     config = _config(args)
     console = Console()
     summary = run(config, args.out, progress=not args.no_progress, log=lambda m: console.print(m))
+    _print_summary(console, summary, args.out)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from runtime.run import resume
+
+    console = Console()
+    summary = resume(args.out, run_id=args.run_id, progress=not args.no_progress, log=lambda m: console.print(m))
+    if summary is not None:
+        _print_summary(console, summary, args.out)
+    return 0
+
+
+def _print_summary(console, summary: dict, out: str) -> None:
+    from rich.table import Table
+
     t = Table(title=f"run {summary['run']}", show_header=False)
     rows = [
         ("steps", str(summary["steps"])),
@@ -60,9 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         ("steps/min", f"{summary['steps_per_minute']:.1f}"),
         ("final version", f"{summary['final_version']}  digest {summary['final_digest'][:16]}"),
         ("wall time", f"{summary['total_seconds']:.0f} s (RL {summary['rl_seconds']:.0f} s)"),
-        ("files", f"{os.path.join(args.out, 'ledger.db')}, summary.json, report.png"),
+        ("files", f"{os.path.join(out, 'ledger.db')}, summary.json, report.png"),
     ]
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
-    return 0
