@@ -202,12 +202,12 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     from runtime.controller import ControllerLoop
     from runtime.params import ParamStore
 
-    os.makedirs(out, exist_ok=True)
     ledger_url = config.ledger.url or os.path.join(out, "ledger.db")
     params_url = config.params.url or os.path.join(out, "params")
     t_start = time.monotonic()
-    session = build_session(config, out, log=log)
+    session = build_session(config, out, log=log)  # validates model, data and task first
     config = config.resolved(data_size=session.task.train_size)
+    os.makedirs(out, exist_ok=True)
     store = open_store(ledger_url, create=True)
     try:
         if config.run.name in store.runs():
