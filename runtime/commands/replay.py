@@ -1,0 +1,57 @@
+"""``rlx replay DIR``: re-derive a run from its ledger and check that every bit matches."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "replay", help="re-run every train step (and optionally every rollout) from the ledger and compare digests")
+    p.add_argument("directory", metavar="DIR", help="run directory (ledger.db, params/)")
+    p.add_argument("--run", dest="run_id", help="the run, when the ledger holds several")
+    p.add_argument("--from-version", type=int, default=0, metavar="V",
+                   help="re-train from version V, loaded from the run's parameter store (default 0)")
+    p.add_argument("--regenerate", action="store_true",
+                   help="also re-sample every rollout and compare tokens and log-prob bits")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_replay)
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from runtime.replay import replay_run
+
+    report = replay_run(
+        args.directory, run_id=args.run_id, from_version=args.from_version, regenerate=args.regenerate,
+        log=(lambda m: None) if args.json else _stderr,
+        warn=lambda m: _stderr(f"rlx: warning: {m}"),
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+        return 0 if report.match else 1
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"replay of run {report.run_id}", show_header=False)
+    t.add_row("result", "[bold green]bit-exact[/]" if report.match else "[bold red]DIVERGES[/]")
+    t.add_row("versions verified", f"{report.versions_verified} (from version {report.from_version}, "
+                                   f"{report.steps_total} steps in the ledger)")
+    t.add_row("final version", "-" if report.final_version is None
+              else f"{report.final_version}  digest {report.final_digest}")
+    t.add_row("rollouts re-sampled", str(report.rollouts_regenerated))
+    t.add_row("fingerprint", ", ".join(report.fingerprint_diff) + " differ" if report.fingerprint_diff else "same")
+    t.add_row("time", f"{report.seconds:.1f} s")
+    console.print(t)
+    if not report.match:
+        first = report.first_divergence
+        console.print(f"[bold red]first divergence[/] ({first.stage}): {first}", highlight=False)
+        if len(report.divergences) > 1:
+            console.print(f"{len(report.divergences) - 1} more; --json lists them", highlight=False)
+    return 0 if report.match else 1

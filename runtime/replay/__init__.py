@@ -1,0 +1,10 @@
+"""Replaying a run from its ledger: re-derive every weight version (and, on request, every
+rollout) and compare the bits with what the run logged."""
+
+from runtime.replay.divergence import Divergence, compare_rollout, compare_step, fingerprint_diff
+from runtime.replay.plan import IncompleteLedger, ReplayPlan, SampledRollout, StepPlan, plan_replay
+from runtime.replay.report import ReplayReport
+from runtime.replay.runner import replay_run
+from runtime.replay.source import RunLedger, open_params, params_url, read_run
+
+__all__ = [name for name in dir() if not name.startswith("_")]

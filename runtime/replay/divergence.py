@@ -1,0 +1,141 @@
+"""Where a replay departs from the ledger: :class:`Divergence` and the bit-exact comparisons.
+
+Every comparison is exact: digests as strings, metrics as the float64 values the ledger stores
+(float32 results widened, so equal bits give equal values), log-probs by their float32 bit
+patterns (``-0.0`` and ``0.0`` differ, a NaN equals itself only with the same payload).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ledger import events as ev
+from runtime.replay.plan import Published, SampledRollout, StepPlan
+
+STAGES = ("ledger", "controller", "weights", "rollout", "params")
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """One place where the replay and the ledger disagree.
+
+    Attributes:
+      stage: ``ledger`` (hash chain), ``controller`` (a logged decision), ``weights`` (a train
+        step), ``rollout`` (a re-sampled completion) or ``params`` (the run's parameter store).
+      seq: the ledger position of the event that disagrees.
+      kind: that event's kind.
+      field: the first field that differs (``metrics.<name>`` for a step metric).
+      message: one line saying what was logged and what the replay got.
+      version: the weight version concerned, if any.
+      rollout_id: the rollout concerned, if any.
+    """
+
+    stage: str
+    seq: int
+    kind: str
+    field: str
+    message: str
+    version: int | None = None
+    rollout_id: int | None = None
+
+    def __str__(self) -> str:
+        where = [f"seq {self.seq} ({self.kind})"]
+        if self.version is not None:
+            where.append(f"version {self.version}")
+        if self.rollout_id is not None:
+            where.append(f"rollout {self.rollout_id}")
+        return f"{', '.join(where)}: field {self.field!r}: {self.message}"
+
+    def sort_key(self) -> tuple[int, int]:
+        return self.seq, STAGES.index(self.stage)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 24 else text[:16] + "…"
+
+
+def compare_version0(published: Published, digest: str) -> Divergence | None:
+    """The rebuilt initial weights against the logged version 0."""
+    if published.event.digest == digest:
+        return None
+    return Divergence("weights", published.seq, ev.WeightsPublished.KIND, "digest",
+                      f"logged {_short(published.event.digest)}, rebuilt initial weights {_short(digest)} "
+                      "(the warm start or model init differs)", version=0)
+
+
+def compare_step(plan: StepPlan, trained: ev.TrainStepCompleted, published: ev.WeightsPublished) -> list[Divergence]:
+    """A re-run step's events against the logged ones, in ledger order (empty: bit-exact)."""
+    out = []
+    field = plan.trained.first_difference(trained)
+    if field is not None:
+        logged, got = getattr(plan.trained, field), getattr(trained, field)
+        if field == "metrics":
+            field, logged, got = _metric_difference(logged, got)
+        out.append(Divergence("weights", plan.trained_seq, ev.TrainStepCompleted.KIND, field,
+                              f"logged {_short(logged)}, replayed {_short(got)}", version=plan.step))
+    logged_pub = plan.published
+    field = logged_pub.event.first_difference(published)
+    if field is not None:
+        out.append(Divergence("weights", logged_pub.seq, ev.WeightsPublished.KIND, field,
+                              f"logged {_short(getattr(logged_pub.event, field))}, "
+                              f"replayed {_short(getattr(published, field))}", version=plan.step))
+    return out
+
+
+def _metric_difference(logged: Mapping[str, float], got: Mapping[str, float]) -> tuple[str, Any, Any]:
+    for name in sorted(set(logged) | set(got)):
+        a, b = logged.get(name), got.get(name)
+        same = a is not None and b is not None and np.float64(a).tobytes() == np.float64(b).tobytes()
+        if not same:
+            return f"metrics.{name}", a, b
+    return "metrics", dict(logged), dict(got)
+
+
+_ROLLOUT_FIELDS = ("policy_version", "weights_digest", "tokens", "logprobs", "finish_reason")
+
+
+def compare_rollout(sampled: SampledRollout, regenerated: ev.RolloutCompleted) -> Divergence | None:
+    """A re-sampled completion against the logged one: tokens, log-prob bits, finish reason."""
+    logged = sampled.completion
+    for field in _ROLLOUT_FIELDS:
+        a, b = getattr(logged, field), getattr(regenerated, field)
+        if field == "tokens":
+            message = _array_difference(np.asarray(a, np.int32), np.asarray(b, np.int32), "token")
+        elif field == "logprobs":
+            message = _array_difference(np.asarray(a, np.float32).view(np.uint32),
+                                        np.asarray(b, np.float32).view(np.uint32), "log-prob bits",
+                                        show=lambda x: f"{x:#010x}")
+        else:
+            message = None if a == b else f"logged {_short(a)}, regenerated {_short(b)}"
+        if message is not None:
+            return Divergence("rollout", sampled.seq, ev.RolloutCompleted.KIND, field, message,
+                              version=sampled.lease.policy_version, rollout_id=sampled.lease.rollout_id)
+    return None
+
+
+def _array_difference(a: np.ndarray, b: np.ndarray, what: str, show=str) -> str | None:
+    n = min(a.size, b.size)
+    diff = np.flatnonzero(a[:n] != b[:n])
+    if diff.size:
+        i = int(diff[0])
+        return f"{what} {i} differs: logged {show(a[i])}, regenerated {show(b[i])}"
+    if a.size != b.size:
+        return f"logged {a.size} values, regenerated {b.size}"
+    return None
+
+
+def fingerprint_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The fingerprint keys whose values differ, with both values, by key."""
+    return {
+        key: {"recorded": recorded.get(key), "current": current.get(key)}
+        for key in sorted(set(recorded) | set(current))
+        if recorded.get(key) != current.get(key)
+    }

@@ -1,0 +1,81 @@
+"""Opening a run directory for replay and audit: its ledger, one run, its parameter store.
+
+Nothing here writes: the ledger is opened without ``create`` and only read; the parameter store
+is opened only if its directory exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ledger import open_store
+from ledger.store import RUN_LEDGER_FILE, StoredEvent, VerifyReport
+from runtime.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLedger:
+    """One run's ledger as read from a run directory.
+
+    Attributes:
+      directory: the run directory.
+      url: the ledger's store URL.
+      run_id: the run.
+      chain: the hash-chain check of the run.
+      events: the run's events in seq order (empty when the chain is corrupt).
+    """
+
+    directory: str
+    url: str
+    run_id: str
+    chain: VerifyReport
+    events: tuple[StoredEvent, ...]
+
+
+def read_run(directory: str, run_id: str | None = None) -> RunLedger:
+    """Verify and read one run of ``DIR/ledger.db``.
+
+    ``run_id`` may be omitted when the ledger holds exactly one run. The events are read only if
+    the hash chain verifies: a corrupt ledger cannot be trusted event by event.
+
+    Raises:
+      UsageError: ``directory`` is not a run directory, or the run is unknown or ambiguous.
+    """
+    if not os.path.isdir(directory):
+        raise UsageError(f"{directory!r} is not a run directory (a directory holding {RUN_LEDGER_FILE})")
+    path = os.path.join(directory, RUN_LEDGER_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(f"{directory!r} is not a run directory: it has no {RUN_LEDGER_FILE}")
+    with open_store(directory) as store:
+        runs = store.runs()
+        if run_id is None:
+            if len(runs) != 1:
+                listed = ", ".join(repr(r) for r in runs[:10]) or "none"
+                raise UsageError(f"{path} holds {len(runs)} runs ({listed}); pick one with --run")
+            run_id = runs[0]
+        elif run_id not in runs:
+            listed = ", ".join(repr(r) for r in runs[:10]) or "none"
+            raise UsageError(f"--run {run_id!r}: no such run in {path}; runs present: {listed}")
+        chain = store.verify(run_id)
+        events = tuple(store.read(run_id)) if chain.ok else ()
+        return RunLedger(directory, store.url, run_id, chain, events)
+
+
+def params_url(directory: str, config: Mapping[str, Any]) -> str:
+    """The run's parameter store: ``params.url`` of its logged config, else ``DIR/params``."""
+    url = (config.get("params") or {}).get("url")
+    return url or os.path.join(directory, "params")
+
+
+def open_params(url: str):
+    """The run's ``ParamStore``, or None when its local directory does not exist."""
+    from runtime.params import ParamStore
+    from runtime.params.location import parse_location
+
+    directory = parse_location(url).directory
+    if directory is not None and not os.path.isdir(directory):
+        return None
+    return ParamStore.open(url)
