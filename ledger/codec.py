@@ -31,9 +31,10 @@ _SCALARS = (str, int, float, bool, bytes, type(None))
 _U64 = struct.Struct("<Q")
 
 
+@functools.lru_cache(maxsize=256)
 def _dtype_from_name(name: str) -> np.dtype:
     try:
-        return np.dtype(name)
+        return np.dtype(name).newbyteorder("<")
     except TypeError:
         pass
     try:  # bfloat16 and friends live in ml_dtypes (a numpy extension, no JAX needed)
@@ -44,13 +45,24 @@ def _dtype_from_name(name: str) -> np.dtype:
         raise CodecError(f"unknown array dtype {name!r} in event body") from None
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_prefix(dtype: np.dtype) -> bytes:
+    name = dtype.name.encode("ascii")
+    return bytes([len(name)]) + name
+
+
+@functools.lru_cache(maxsize=16)
+def _dims(ndim: int) -> struct.Struct:
+    return struct.Struct(f"<{ndim}Q")
+
+
 def _pack_array(a: np.ndarray) -> msgpack.ExtType:
-    if a.dtype.hasobject or a.dtype.fields is not None:
-        raise CodecError(f"cannot encode array of dtype {a.dtype}: only numeric and bool arrays")
-    name = a.dtype.name.encode("ascii")
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    head = bytes([len(name)]) + name + bytes([a.ndim]) + b"".join(_U64.pack(d) for d in a.shape)
+    dtype = a.dtype
+    if dtype.hasobject or dtype.fields is not None:
+        raise CodecError(f"cannot encode array of dtype {dtype}: only numeric and bool arrays")
+    if dtype.byteorder == ">":
+        a = a.astype(dtype.newbyteorder("<"))
+    head = _dtype_prefix(a.dtype) + bytes([a.ndim]) + _dims(a.ndim).pack(*a.shape)
     return msgpack.ExtType(ARRAY_EXT, head + a.tobytes(order="C"))
 
 
@@ -59,21 +71,20 @@ def _unpack_array(data: bytes) -> np.ndarray:
         n = data[0]
         dtype = _dtype_from_name(data[1 : 1 + n].decode("ascii"))
         ndim = data[1 + n]
-        off = 2 + n
-        shape = tuple(_U64.unpack_from(data, off + 8 * i)[0] for i in range(ndim))
-        off += 8 * ndim
+        dims = _dims(ndim)
+        shape = dims.unpack_from(data, 2 + n)
+        off = 2 + n + dims.size
     except (IndexError, UnicodeDecodeError, struct.error) as e:
         raise CodecError(f"malformed array in event body: {e}") from None
     count = 1
     for d in shape:
         count *= d
-    raw = memoryview(data)[off:]
-    if len(raw) != count * dtype.itemsize:
+    if len(data) - off != count * dtype.itemsize:
         raise CodecError(
             f"malformed array in event body: shape {shape} of {dtype.name} needs "
-            f"{count * dtype.itemsize} bytes, found {len(raw)}"
+            f"{count * dtype.itemsize} bytes, found {len(data) - off}"
         )
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    return np.frombuffer(data, dtype=dtype, offset=off).reshape(shape)
 
 
 def canonical(value: Any) -> Any:

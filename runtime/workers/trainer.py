@@ -70,8 +70,9 @@ class StepTrainer:
             self._versions = {version: jax.tree.map(jnp.asarray, self.store.get(version))}
         return self._versions[version]
 
-    def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
-        params, opt_state = self._parent(task.parent_version, task.parent_digest)
+    def prepare(self, task: TrainTask):
+        """The step's inputs: ``(batch, arrays, current_B, logp_old_BS, logp_ref_BS)`` — the packed
+        batch, its device arrays, the on-policy rows, recomputed old and reference log-probs."""
         samples = []
         for r in task.rollouts:
             problem = self.task.problem("train", r.request.prompt_index)
@@ -103,8 +104,13 @@ class StepTrainer:
             logp_ref = score(self._reference, arrays["tokens_BT"], arrays["attention_BT"], config=self.config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
+        return batch, arrays, jnp.asarray(current), jnp.asarray(logp_old), logp_ref
+
+    def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
+        params, opt_state = self._parent(task.parent_version, task.parent_digest)
+        batch, arrays, current, logp_old, logp_ref = self.prepare(task)
         new_params, new_opt, metrics = train_step(
-            params, opt_state, arrays, jnp.asarray(logp_old), logp_ref, jnp.asarray(current), config=self.config
+            params, opt_state, arrays, logp_old, logp_ref, current, config=self.config
         )
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))

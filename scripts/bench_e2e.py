@@ -1,0 +1,205 @@
+#!/usr/bin/env python
+"""End-to-end throughput of ``rlx run``: staleness 0 vs 1, controller overhead, trainer overhead.
+
+In one process, on the same config (the demo's unless overridden):
+
+1. the run with ``scheduling.max_staleness=0`` and with ``1`` (deterministic mode): steps/hour and
+   rollout tokens/s, and the wall time spent inside the controller and ledger (every call a worker
+   makes to the ``ControllerLoop``, which folds, decides and appends) as a fraction of the RL time;
+2. the train step's time against a bare flax/optax loop on the same batches: the same model
+   forward, token log-probs, a GRPO-style clipped loss with group advantages and AdamW, written
+   directly with ``jax.value_and_grad`` (no objective registry, no metrics).
+
+Usage: python scripts/bench_e2e.py [--steps 30] [--set SECTION.FIELD=VALUE]...
+The last line of output is a JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+class Timed:
+    """Wraps the controller loop's public calls and sums the wall time spent in them."""
+
+    METHODS = ("submit", "join", "leases", "complete", "scoring_work", "record_outcomes", "train_task",
+               "publish", "expire")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.lock = threading.Lock()
+
+    def install(self, cls) -> None:
+        for name in self.METHODS:
+            original = getattr(cls, name)
+            setattr(cls, name, self._wrap(original))
+
+    def _wrap(self, fn):
+        local = threading.local()
+
+        def timed(*args, **kwargs):
+            if getattr(local, "depth", 0):  # nested calls (complete -> submit) count once
+                return fn(*args, **kwargs)
+            local.depth = 1
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                local.depth = 0
+                with self.lock:
+                    self.seconds += time.perf_counter() - t
+
+        return timed
+
+
+def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
+    from runtime.config import load_config
+    from runtime.run import run
+
+    timer.seconds = 0.0
+    summary = run(load_config(None, overrides), out, progress=False, log=lambda m: None)
+    return {
+        "steps": summary["steps"],
+        "rl_seconds": round(summary["rl_seconds"], 2),
+        "steps_per_hour": round(3600 * summary["steps"] / summary["rl_seconds"], 1),
+        "rollout_tokens_per_s": round(summary["rollout_tokens_per_s"], 1),
+        "controller_ledger_seconds": round(timer.seconds, 3),
+        "controller_ledger_fraction": round(timer.seconds / summary["rl_seconds"], 4),
+        "eval_before": summary["eval_before"],
+        "eval_after": summary["eval_after"],
+        "final_digest": summary["final_digest"],
+    }
+
+
+def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
+    """Time ``train_step`` and a bare loop on the batches logged by the run in ``out``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from ledger import open_store
+    from runtime.config import Config
+    from runtime.controller.workers import TrainRollout, TrainTask
+    from runtime.model import forward
+    from runtime.params import ParamStore
+    from runtime.run import build_session
+    from runtime.trainer.step import StepConfig, make_optimizer, train_step
+    from runtime.workers import StepTrainer
+
+    with open_store(out) as store:
+        events = [s.event for s in store.read("run")]
+    config = Config.from_dict(events[0].config)
+    session = build_session(config, out, log=lambda m: None)
+    step_config = StepConfig(model=session.model.config, objective=config.objective(),
+                             learning_rate=config.trainer.learning_rate, temperature=config.sampling.temperature)
+    requests = {e.rollout_id: e for e in events if e.KIND == "RolloutRequested"}
+    completions = {e.rollout_id: e for e in events if e.KIND == "RolloutCompleted"}
+    outcomes = {e.rollout_id: e for e in events if e.KIND == "OutcomeRecorded"}
+    batches = [e for e in events if e.KIND == "BatchFormed"]
+    tasks = [TrainTask(b.step, b.step - 1, "", b, tuple(TrainRollout(requests[r], completions[r], outcomes[r])
+                                                        for r in b.rollout_ids)) for b in batches]
+    trainer = StepTrainer("bench", session.model, session.task, ParamStore.open("memory://bench-e2e", create=True),
+                          step_config, group_size=config.sampling.group_size, width=session.width)
+    # Pack every batch once, outside the timings: both loops consume the same arrays.
+    packed = []
+    for t in tasks:
+        _, arrays, current, logp_old, logp_ref = trainer.prepare(t)
+        packed.append((arrays, current, logp_old, logp_ref))
+
+    mc = session.model.config
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(config.trainer.learning_rate))
+    eps = 0.2
+
+    @jax.jit
+    def bare_step(params, opt_state, tokens, attention, mask, rewards):
+        def loss_fn(p):
+            logits = forward(p, tokens, attention, config=mc)[:, :-1]
+            logp_all = jax.nn.log_softmax(logits / config.sampling.temperature, axis=-1)
+            logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+            adv = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, keepdims=True, ddof=1) + 1e-6)
+            adv = adv.reshape(-1, 1)
+            ratio = jnp.exp(logp - jax.lax.stop_gradient(logp))
+            per_token = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - eps, 1 + eps) * adv)
+            per_seq = jnp.sum(per_token * mask, 1) / jnp.maximum(jnp.sum(mask, 1), 1)
+            return jnp.mean(per_seq)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def time_loop(step_fn) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            step_fn()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    params0 = jax.tree.map(jnp.array, session.model.params)
+
+    def ours():
+        p = jax.tree.map(jnp.array, params0)
+        s = make_optimizer(step_config).init(p)
+        for arrays, current, logp_old, logp_ref in packed:
+            p, s, m = train_step(p, s, arrays, logp_old, logp_ref, current, config=step_config)
+        jax.block_until_ready(p)
+
+    def bare():
+        p = jax.tree.map(jnp.array, params0)
+        s = tx.init(p)
+        for arrays, *_ in packed:
+            p, s, _ = bare_step(p, s, arrays["tokens_BT"], arrays["attention_BT"],
+                                arrays["mask_BS"].astype(jnp.float32), arrays["rewards_MG"])
+        jax.block_until_ready(p)
+
+    ours()
+    bare()  # compile both before timing
+    t_ours, t_bare = time_loop(ours), time_loop(bare)
+    n = len(packed)
+    return {
+        "trainer_step_ms": round(1000 * t_ours / n, 2),
+        "bare_step_ms": round(1000 * t_bare / n, 2),
+        "trainer_vs_bare": round(t_ours / t_bare, 3),
+        "trainer_batches": n,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    from runtime.controller import ControllerLoop
+
+    timer = Timed()
+    timer.install(ControllerLoop)
+    base = [f"run.steps={args.steps}", *args.overrides]
+    result: dict = {"steps": args.steps, "overrides": args.overrides, "cores": len(os.sched_getaffinity(0))}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in (0, 1):
+            out = os.path.join(tmp, f"k{k}")
+            r = run_once([*base, f"scheduling.max_staleness={k}"], out, timer)
+            result[f"staleness{k}"] = r
+            print(f"max_staleness {k}: {r['steps_per_hour']:.0f} steps/h, {r['rollout_tokens_per_s']:.0f} tok/s, "
+                  f"controller+ledger {100 * r['controller_ledger_fraction']:.2f}% of RL time", file=sys.stderr)
+        result.update(trainer_vs_bare(os.path.join(tmp, "k0"), base, args.repeats))
+        print(f"train step {result['trainer_step_ms']} ms vs bare loop {result['bare_step_ms']} ms "
+              f"({result['trainer_vs_bare']:.3f}x)", file=sys.stderr)
+    result["controller_ledger_fraction"] = max(result["staleness0"]["controller_ledger_fraction"],
+                                               result["staleness1"]["controller_ledger_fraction"])
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
