@@ -17,6 +17,8 @@ COMMAND_MODULES = (
     "runtime.commands.ledger",
     "runtime.commands.verify",
     "runtime.commands.serve",
+    "runtime.commands.replay",
+    "runtime.commands.audit",
 )
 
 

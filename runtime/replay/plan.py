@@ -7,10 +7,12 @@ reproduce. :func:`plan_replay` gathers these into one :class:`StepPlan` per comm
 same ``TrainTask`` the controller handed the trainer) and the accepted completions of every
 policy version, for re-sampling.
 
-Parameter versions the run retired before a step's train task became available (its batch
-formed and its parent published) are listed in ``StepPlan.unavailable``: the trainer falls back
-to behaviour log-probs for rows of a version it cannot load, so a replay must not load them
-either.
+Parameter versions the run retired before a step's train task became available are listed in
+``StepPlan.unavailable``: the trainer falls back to behaviour log-probs for rows of a version it
+cannot load, so a replay must not load them either. The task becomes available when the
+transaction holding the later of its ``BatchFormed`` and its parent's ``WeightsPublished``
+commits; a transaction is a run of inputs followed by the decisions they caused, so it ends
+where the run of decision events after that point ends.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 from ledger import events as ev
 from ledger.store import StoredEvent
+from runtime.controller.admit import DECISION_KINDS
 from runtime.controller.workers import Lease, TrainRollout, TrainTask
 from runtime.errors import RlxError
 
@@ -111,9 +114,16 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
     trained: dict[int, tuple[int, ev.TrainStepCompleted]] = {}
     published: dict[int, Published] = {}
     retired_at: dict[int, int] = {}
+    decision_run_end: dict[int, int] = {}  # seq -> last seq of the decisions that follow it
+    pending: list[int] = []
     for stored in events:
         e, seq = stored.event, stored.seq
         kind = type(e)
+        if kind not in DECISION_KINDS:
+            for p in pending:
+                decision_run_end[p] = pending[-1]
+            pending = []
+        pending.append(seq)
         if kind is ev.RolloutRequested:
             requests[e.rollout_id] = e
         elif kind is ev.RolloutCompleted:
@@ -131,6 +141,8 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
                 retired_at.setdefault(int(v), seq)
         elif kind is ev.RunStarted and run is None:
             run = e
+    for p in pending:
+        decision_run_end[p] = pending[-1]
     if run is None:
         raise IncompleteLedger("the ledger has no RunStarted event: it is not a run")
 
@@ -142,8 +154,8 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
             raise IncompleteLedger(f"step {step} was trained but its parent version {step - 1} was never published")
         rollouts = tuple(_train_rollout(step, rid, requests, completions, outcomes) for rid in batch.rollout_ids)
         task = TrainTask(step, step - 1, parent.event.digest, batch, rollouts)
-        ready = max(batch_seq, parent.seq)
-        unavailable = frozenset(v for v, at in retired_at.items() if at < ready)
+        ready = decision_run_end[max(batch_seq, parent.seq)]
+        unavailable = frozenset(v for v, at in retired_at.items() if at <= ready)
         steps.append(StepPlan(task, trained[step][0], trained[step][1], published[step], unavailable))
 
     by_version: dict[int, list[SampledRollout]] = {}

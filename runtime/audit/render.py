@@ -1,0 +1,132 @@
+"""Readable tables (rich) of the audit documents built by ``runtime.audit.provenance``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Column, Table
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _pairs(title: str, rows: list[tuple[str, Any]]) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    for k, v in rows:
+        t.add_row(k, _fmt(v))
+    return t
+
+
+def _rollouts(rows: list[dict[str, Any]]) -> Table:
+    fold = {"overflow": "fold"}
+    t = Table("id", "group", Column("prompt", **fold), Column("seed", **fold), "from v", "stale",
+              Column("worker", **fold), "leases", "reward", Column("verdict", **fold),
+              title="rollouts of the batch", title_justify="left")
+    for r in rows:
+        prompt = f"{r['prompt_index']}" + (f" {r['prompt']!r}" if r["prompt"] is not None else "")
+        t.add_row(str(r["rollout_id"]), str(r["group_id"]), prompt, str(r["seed"]), str(r["policy_version"]),
+                  _fmt(r["staleness"]), _fmt(r["worker"]), str(r["attempts"]), _fmt(r["reward"]), _fmt(r["verdict"]))
+    return t
+
+
+def _shared(rows: list[dict[str, Any]], show) -> str | None:
+    """``show(row)`` when every row gives the same text, else None."""
+    values = {show(r) for r in rows}
+    return values.pop() if len(values) == 1 else None
+
+
+def step(console: Console, doc: dict[str, Any], *, rollouts: bool = True) -> None:
+    """A step: batch, parent and produced versions, metrics."""
+    produced = doc["produced"]
+    console.print(_pairs(f"step {doc['step']}", [
+        ("batch", f"seq {doc['batch_seq']}: {len(doc['group_ids'])} groups {doc['group_ids']}, "
+                  f"{len(doc['rollout_ids'])} rollouts"),
+        ("sampled from", f"versions {doc['policy_versions']}, staleness max {doc['staleness_max']}, "
+                         f"mean {doc['staleness_mean']:.3g}"),
+        ("parent", None if doc["parent"] is None else f"version {doc['parent']['version']} {doc['parent']['digest']}"),
+        ("trained", None if doc["trained_seq"] is None else f"seq {doc['trained_seq']}, batch digest {doc['batch_digest']}"),
+        ("produced", None if produced is None else f"version {produced['version']} {produced['digest']} (seq {produced['seq']})"),
+    ]))
+    if doc["metrics"]:
+        t = Table("metric", "value", title="metrics", title_justify="left")
+        for k, v in doc["metrics"].items():
+            t.add_row(k, _fmt(v))
+        console.print(t)
+
+
+def version(console: Console, doc: dict[str, Any]) -> None:
+    """A version's lineage: parent chain, producing step, batch rollouts."""
+    console.print(_pairs(f"version {doc['version']}", [
+        ("digest", doc["digest"]),
+        ("published", f"seq {doc['seq']}"),
+        ("retired", None if doc["retired_seq"] is None else f"seq {doc['retired_seq']}"),
+        ("origin", doc["origin"]),
+    ]))
+    t = Table("version", "digest", "published at seq", title="parent chain", title_justify="left")
+    for link in doc["parent_chain"]:
+        t.add_row(str(link["version"]), link["digest"], str(link["seq"]))
+    console.print(t)
+    if doc["step"] is not None:
+        step(console, doc["step"])
+    rows = doc["rollouts"]
+    if rows:
+        console.print(_rollouts(rows))
+        sampling = _shared(rows, lambda r: _fmt(r["sampling"]))
+        verifier = _shared(rows, lambda r: f"{_fmt(r['verifier'])} {_fmt(r['verifier_version'])}")
+        if sampling is not None:
+            console.print(f"sampling: {sampling}", highlight=False)
+        if verifier is not None:
+            console.print(f"verifier: {verifier}", highlight=False)
+        else:
+            t = Table("id", "verifier", title="verifiers", title_justify="left")
+            for r in rows:
+                t.add_row(str(r["rollout_id"]), f"{_fmt(r['verifier'])} {_fmt(r['verifier_version'])}")
+            console.print(t)
+
+
+def rollout(console: Console, doc: dict[str, Any]) -> None:
+    """A rollout: what it was and its history."""
+    console.print(_pairs(f"rollout {doc['rollout_id']}", [
+        ("group / batch", f"group {doc['group_id']} of batch {doc['batch']}"),
+        ("prompt", f"{doc['prompt_index']}" + (f" {doc['prompt']!r}" if doc["prompt"] is not None else "")),
+        ("seed", doc["seed"]),
+        ("sampling", doc["sampling"]),
+        ("policy version", doc["policy_version"]),
+        ("staleness", doc["staleness"]),
+        ("worker", f"{_fmt(doc['worker'])} ({doc['attempts']} leases)"),
+        ("outcome", None if doc["reward"] is None else
+         f"reward {_fmt(doc['reward'])}, {doc['verdict']} by {doc['verifier']} {doc['verifier_version']}"),
+        ("consumed by step", doc["consumed_by_step"]),
+        ("produced version", None if doc["produced_version"] is None else
+         f"{doc['produced_version']['version']} {doc['produced_version']['digest']}"),
+        ("discarded", doc["discarded"]),
+    ]))
+    t = Table("seq", "event", "detail", title="history", title_justify="left")
+    for h in doc["history"]:
+        t.add_row(str(h["seq"]), h["event"], h["detail"])
+    console.print(t)
+
+
+def check(console: Console, run_id: str, chain, rows: list[dict[str, Any]], *, params_checked: bool) -> None:
+    """The invariant check: OK, or the violating events."""
+    if not chain.ok:
+        console.print(f"[bold red]run {run_id}: ledger CORRUPT at seq {chain.first_bad_seq}[/]: {chain.reason}",
+                      highlight=False)
+        return
+    where = "ledger and parameter store" if params_checked else "ledger (no parameter store found)"
+    if not rows:
+        console.print(f"[bold green]run {run_id}: I1–I8 hold[/] over {chain.events} events ({where})", highlight=False)
+        return
+    t = Table("invariant", "seq", "event", "violation", title=f"run {run_id}: {len(rows)} violations ({where})",
+              title_justify="left")
+    for r in rows:
+        t.add_row(r["invariant"], str(r["seq"]), r["kind"], r["message"])
+    console.print(t)

@@ -1,0 +1,123 @@
+"""``rlx audit DIR version V | rollout ID | step S | check``: provenance and invariants of a run.
+
+Readable tables by default, one JSON object with ``--json``. ``check`` exits 1 when any of
+I1–I8 is violated (or the ledger's hash chain is broken) and lists the violating events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("audit", help="provenance of a version, rollout or step; invariants I1–I8")
+    p.add_argument("directory", metavar="DIR", help="run directory (ledger.db, params/)")
+    sub = p.add_subparsers(dest="audit_command", metavar="QUERY")
+    sub.required = True
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--run", dest="run_id", help="the run, when the ledger holds several")
+    common.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sp = sub.add_parser("version", parents=[common], help="lineage of a weight version")
+    sp.add_argument("number", type=int, metavar="V")
+    sp.set_defaults(func=cmd_query)
+    sp = sub.add_parser("rollout", parents=[common], help="history of one rollout")
+    sp.add_argument("number", type=int, metavar="ID")
+    sp.set_defaults(func=cmd_query)
+    sp = sub.add_parser("step", parents=[common], help="a train step's batch and the version it produced")
+    sp.add_argument("number", type=int, metavar="S")
+    sp.set_defaults(func=cmd_query)
+    sp = sub.add_parser("check", parents=[common], help="check invariants I1–I8 over the whole ledger")
+    sp.set_defaults(func=cmd_check)
+
+
+def _emit(obj: Any) -> None:
+    print(json.dumps(obj, sort_keys=True))
+
+
+def _prompt_text(config: dict):
+    """The task's prompt text by training index, or a function giving None if it cannot be built."""
+    from runtime.config import Config
+    from runtime.errors import RlxError
+    from runtime.run import make_task
+
+    try:
+        task = make_task(Config.from_dict(config))
+    except RlxError:
+        return lambda index: None
+    return lambda index: task.problem("train", index).prompt
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from runtime.audit import Provenance
+    from runtime.replay import read_run
+
+    source = read_run(args.directory, args.run_id)
+    source.chain.raise_if_bad()
+    prov = Provenance.from_events(source.events)
+    what, n = args.audit_command, args.number
+    if what == "step":
+        doc = prov.step(n)
+    else:
+        text = _prompt_text(prov.run.config if prov.run is not None else {})
+        doc = prov.version(n, prompt_text=text) if what == "version" else prov.rollout(n, prompt_text=text)
+    if args.json:
+        _emit({"run_id": source.run_id, what: doc})
+        return 0
+    from rich.console import Console
+
+    from runtime.audit import render
+
+    console = Console()
+    {"version": render.version, "rollout": render.rollout, "step": render.step}[what](console, doc)
+    return 0
+
+
+def _stored_versions(directory: str, config: dict) -> tuple[dict[int, str] | None, dict[int, str]]:
+    """Digests recomputed from every stored version's arrays, and the versions that would not read."""
+    from runtime.params import ParamStoreError
+    from runtime.replay import open_params, params_url
+
+    pstore = open_params(params_url(directory, config))
+    if pstore is None:
+        return None, {}
+    stored, unreadable = {}, {}
+    for v in pstore.versions():
+        try:
+            stored[v] = pstore.verify(v)
+        except ParamStoreError as e:
+            unreadable[v] = str(e)
+    return stored, unreadable
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from runtime.audit import NAMES, check_run
+    from runtime.replay import read_run
+
+    source = read_run(args.directory, args.run_id)
+    chain = source.chain
+    violations, kinds = [], {}
+    stored = None
+    if chain.ok:
+        config = next((s.event.config for s in source.events[:1] if s.kind == "RunStarted"), {})
+        stored, unreadable = _stored_versions(args.directory, config)
+        violations = check_run(source.events, stored=stored, unreadable=unreadable)
+        kinds = {s.seq: s.kind for s in source.events}
+    ok = chain.ok and not violations
+    rows = [{"invariant": v.invariant, "seq": v.seq, "kind": kinds.get(v.seq, "end"), "message": v.message}
+            for v in violations]
+    if args.json:
+        _emit({
+            "run_id": source.run_id, "ok": ok, "events": chain.events,
+            "chain": {"ok": chain.ok, "first_bad_seq": chain.first_bad_seq, "reason": chain.reason},
+            "params_checked": stored is not None, "violations": rows, "invariants": NAMES,
+        })
+        return 0 if ok else 1
+    from rich.console import Console
+
+    from runtime.audit import render
+
+    render.check(Console(), source.run_id, chain, rows, params_checked=stored is not None)
+    return 0 if ok else 1
