@@ -1,0 +1,219 @@
+"""``rlx replay`` on a small real run: bit-exact replay and re-sampling, and every way it must fail.
+
+The run (3 steps, max_staleness 1, keep_newest 1) is built once for the module. Its data are
+two-digit sums a tiny model learns in its warm start well enough that groups get mixed rewards,
+so every step really moves the weights. With keep_newest 1 the run retires version 1 in the
+transaction that forms batch 3, so step 3 trains without version 1's weights (old log-probs
+fall back to the engine's): replay must hide that version from step 3 too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sqlite3
+
+import numpy as np
+import pytest
+
+from ledger import events as ev
+from ledger import open_store
+from runtime.cli import main
+from runtime.config import Config
+from runtime.errors import UsageError
+from runtime.params import ParamStore
+from runtime.replay import compare_rollout, fingerprint_diff, plan_replay, replay_run
+from runtime.replay.plan import SampledRollout
+from runtime.run import run
+
+STEPS = 3
+
+
+def write_sums(path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for a in range(5):
+            for b in range(5):
+                f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+
+
+def tiny_config(data: str, cache_dir: str) -> Config:
+    return Config.from_dict({
+        "run": {"steps": STEPS, "seed": 1},
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
+        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir, "eval_size": 4},
+        "data": {"task": "jsonl", "path": data, "eval_fraction": 0.2},
+        "sampling": {"group_size": 4, "max_tokens": 4},
+        "scheduling": {"groups_per_batch": 2, "max_staleness": 1},
+        "trainer": {"learning_rate": 1e-2},
+        "workers": {"inference_slots": 8},
+        "params": {"keep_newest": 1},
+    })
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """(run directory, summary) of a finished run."""
+    root = tmp_path_factory.mktemp("replay")
+    write_sums(root / "sums.jsonl")
+    cache = tmp_path_factory.getbasetemp() / "warm_start"
+    out = str(root / "run")
+    summary = run(tiny_config(str(root / "sums.jsonl"), str(cache)), out, progress=False, log=lambda m: None)
+    return out, summary
+
+
+def events_of(directory: str) -> list:
+    with open_store(directory) as store:
+        return list(store.read("run"))
+
+
+def copy_run(src: str, dst, edit) -> str:
+    """A copy of the run directory whose ledger holds ``edit(event)`` of every event (a new chain)."""
+    dst = str(dst)
+    shutil.copytree(f"{src}/params", f"{dst}/params")
+    with open_store(f"{dst}/ledger.db", create=True) as store:
+        store.create_run("run")
+        epoch = store.acquire_epoch("run")
+        store.append("run", [edit(s.event) for s in events_of(src)], expected_seq=0, epoch=epoch)
+    return dst
+
+
+def seq_of(events, kind, **fields) -> int:
+    return next(s.seq for s in events if isinstance(s.event, kind)
+                and all(getattr(s.event, k) == v for k, v in fields.items()))
+
+
+@pytest.mark.slow
+def test_a_finished_run_replays_bit_exactly_with_every_rollout_resampled(finished):
+    out, summary = finished
+    report = replay_run(out, regenerate=True)
+    assert report.match, report.first_divergence
+    assert report.versions_verified == STEPS + 1  # version 0 and one per step
+    assert (report.final_version, report.final_digest) == (STEPS, summary["final_digest"])
+    assert report.rollouts_regenerated == summary["rollouts"] == STEPS * 2 * 4
+    assert report.fingerprint_diff == {}
+    assert report.to_dict()["first_divergence"] is None
+
+
+@pytest.mark.slow
+def test_the_plan_rebuilds_each_train_task_and_hides_retired_versions(finished):
+    out, _ = finished
+    events = events_of(out)
+    plan = plan_replay(events)
+    assert [s.step for s in plan.steps] == [1, 2, 3]
+    batches = {s.event.step: s.event for s in events if isinstance(s.event, ev.BatchFormed)}
+    for step in plan.steps:
+        assert step.task.batch == batches[step.step]
+        assert [r.request.rollout_id for r in step.task.rollouts] == list(batches[step.step].rollout_ids)
+        assert step.task.parent_digest == plan.versions[step.step - 1].event.digest
+    # Batches 1 and 2 come from version 0, batch 3 from version 1 (max_staleness 1); version 1 is
+    # retired when batch 3 forms, before step 3 may start.
+    assert [sorted(s.row_versions()) for s in plan.steps] == [[0], [0], [1]]
+    assert [s.unavailable for s in plan.steps] == [frozenset(), frozenset(), frozenset({1})]
+    assert plan.retained == (0, 2, 3)
+    assert {v: len(rs) for v, rs in plan.rollouts.items()} == {0: 16, 1: 8}
+
+
+@pytest.mark.slow
+def test_replay_from_a_stored_version(finished):
+    out, summary = finished
+    report = replay_run(out, from_version=2)
+    assert report.match and report.versions_verified == 1
+    assert report.final_digest == summary["final_digest"]
+    with pytest.raises(UsageError, match=r"version 1 is not in the run's parameter store"):
+        replay_run(out, from_version=1)  # retired and deleted by the run
+    with pytest.raises(UsageError, match=r"--from-version 7 is not accepted; run 'run' has versions 0\.\.3"):
+        replay_run(out, from_version=7)
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_in_an_event_body_is_named_by_verify_and_replay(finished, tmp_path, capsys):
+    out, _ = finished
+    bad = str(tmp_path / "bad")
+    shutil.copytree(out, bad)
+    target = seq_of(events_of(out), ev.WeightsPublished, version=1)
+    with sqlite3.connect(f"{bad}/ledger.db") as db:
+        (body,) = db.execute("SELECT body FROM rlx_events WHERE seq = ?", (target,)).fetchone()
+        flipped = bytearray(body)
+        flipped[len(flipped) // 2] ^= 0x01
+        db.execute("UPDATE rlx_events SET body = ? WHERE seq = ?", (bytes(flipped), target))
+    report = replay_run(bad)
+    assert not report.match and report.versions_verified == 0
+    first = report.first_divergence
+    assert (first.stage, first.seq) == ("ledger", target)
+    assert main(["ledger", "verify", bad]) == 1
+    assert f"CORRUPT at seq {target}" in capsys.readouterr().out
+    assert main(["replay", bad, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["first_divergence"]["seq"] == target
+
+
+@pytest.mark.slow
+def test_a_deleted_parameter_version_is_reported(finished, tmp_path):
+    out, _ = finished
+    bad = str(tmp_path / "bad")
+    shutil.copytree(out, bad)
+    ParamStore.open(f"{bad}/params").delete(3)
+    report = replay_run(bad, from_version=2)
+    assert not report.match
+    assert report.versions_verified == 1  # the weights themselves still replay
+    (d,) = report.divergences
+    assert (d.stage, d.version, d.field) == ("params", 3, "stored")
+    assert d.seq == seq_of(events_of(out), ev.WeightsPublished, version=3)
+    assert "version 3 is retained by the run but missing from the parameter store" in d.message
+
+
+@pytest.mark.slow
+def test_a_divergent_step_is_named_by_seq_version_and_field_and_a_new_stack_warns(finished, tmp_path, capsys):
+    out, _ = finished
+
+    def edit(e):
+        if isinstance(e, ev.RunStarted):
+            return dataclasses.replace(e, fingerprint={**e.fingerprint, "cores": 999})
+        if isinstance(e, ev.TrainStepCompleted) and e.step == 3:
+            return dataclasses.replace(e, metrics={**e.metrics, "loss": e.metrics["loss"] + 1e-7})
+        return e
+
+    edited = copy_run(out, tmp_path / "edited", edit)
+    assert main(["replay", edited, "--from-version", "2", "--json"]) == 1
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    warnings = captured.err.strip().splitlines()
+    assert len(warnings) == 1 and "cores" in warnings[0] and warnings[0].startswith("rlx: warning:")
+    assert doc["match"] is False and doc["fingerprint_differs"] is True
+    assert doc["fingerprint_diff"]["cores"]["recorded"] == 999
+    assert doc["versions_verified"] == 1  # the weights digest still matches
+    first = doc["first_divergence"]
+    assert first["seq"] == seq_of(events_of(out), ev.TrainStepCompleted, step=3)
+    assert (first["stage"], first["kind"], first["version"], first["field"]) == (
+        "weights", "TrainStepCompleted", 3, "metrics.loss")
+
+
+def _sampled(tokens, logprobs, finish="stop") -> SampledRollout:
+    from runtime.controller import Lease
+
+    lease = Lease(7, 0, 1, 1, 0, 3, 0, "d" * 64, 11, {"max_tokens": 4})
+    return SampledRollout(40, lease, ev.RolloutCompleted(7, "w", 0, 0, "d" * 64, np.asarray(tokens, np.int32),
+                                                          np.asarray(logprobs, np.float32), finish))
+
+
+def test_rollout_comparison_is_by_token_and_log_prob_bit():
+    logged = _sampled([5, 6, 2], [-0.5, -1.25, 0.0])
+    same = _sampled([5, 6, 2], [-0.5, -1.25, 0.0]).completion
+    assert compare_rollout(logged, same) is None
+    d = compare_rollout(logged, _sampled([5, 7, 2], [-0.5, -1.25, 0.0]).completion)
+    assert (d.stage, d.seq, d.rollout_id, d.field) == ("rollout", 40, 7, "tokens")
+    assert d.message == "token 1 differs: logged 6, regenerated 7"
+    # -0.0 equals 0.0 as a number but not as bits.
+    d = compare_rollout(logged, _sampled([5, 6, 2], [-0.5, -1.25, -0.0]).completion)
+    assert d.field == "logprobs" and d.message == "log-prob bits 2 differs: logged 0x00000000, regenerated 0x80000000"
+    d = compare_rollout(logged, _sampled([5, 6], [-0.5, -1.25]).completion)
+    assert d.field == "tokens" and d.message == "logged 3 values, regenerated 2"
+    d = compare_rollout(logged, _sampled([5, 6, 2], [-0.5, -1.25, 0.0], "length").completion)
+    assert d.field == "finish_reason"
+
+
+def test_fingerprint_diff_lists_differing_keys_only():
+    assert fingerprint_diff({"jax": "0.10.2", "cores": 2}, {"jax": "0.10.2", "cores": 1, "cpu": "x"}) == {
+        "cores": {"recorded": 2, "current": 1},
+        "cpu": {"recorded": None, "current": "x"},
+    }
