@@ -1,0 +1,235 @@
+"""``rlx audit`` on a small real run: provenance answers by value, and edited ledgers caught.
+
+The run: 3 steps, 2 groups of 4 samples per batch, max_staleness 1, keep_newest 1 (deterministic
+mode). So group ``g`` holds rollouts ``4g .. 4g+3``; batch ``s`` takes groups ``2s-2, 2s-1``;
+batches 1 and 2 are sampled from version 0, batch 3 from version 1; a rollout of version ``v``
+consumed by step ``s`` has staleness ``(s-1) - v``: 0 in step 1, 1 in steps 2 and 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+
+import pytest
+
+from ledger import events as ev
+from ledger import open_store
+from runtime import rng
+from runtime.audit import Provenance, Violation, check_run
+from runtime.cli import main
+from runtime.config import Config
+from runtime.errors import UsageError
+from runtime.params import ParamStore
+from runtime.run import make_task, run
+
+SEED = 1
+
+
+def tiny_config(data: str, cache_dir: str) -> Config:
+    return Config.from_dict({
+        "run": {"steps": 3, "seed": SEED},
+        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
+        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir, "eval_size": 4},
+        "data": {"task": "jsonl", "path": data, "eval_fraction": 0.2},
+        "sampling": {"group_size": 4, "max_tokens": 4},
+        "scheduling": {"groups_per_batch": 2, "max_staleness": 1},
+        "trainer": {"learning_rate": 1e-2},
+        "workers": {"inference_slots": 8},
+        "params": {"keep_newest": 1},
+    })
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """(run directory, summary, config) of a finished run."""
+    root = tmp_path_factory.mktemp("audit")
+    with open(root / "sums.jsonl", "w", encoding="utf-8") as f:
+        for a in range(5):
+            for b in range(5):
+                f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+    config = tiny_config(str(root / "sums.jsonl"), str(tmp_path_factory.getbasetemp() / "warm_start"))
+    out = str(root / "run")
+    summary = run(config, out, progress=False, log=lambda m: None)
+    return out, summary, config
+
+
+@pytest.fixture(scope="module")
+def events(finished):
+    with open_store(finished[0]) as store:
+        return list(store.read("run"))
+
+
+def one(events, kind, **fields):
+    """(seq, event) of the only event of ``kind`` with ``fields``."""
+    (found,) = [(s.seq, s.event) for s in events if isinstance(s.event, kind)
+                and all(getattr(s.event, k) == v for k, v in fields.items())]
+    return found
+
+
+def copy_ledger(events, dst, edit) -> str:
+    """A run directory (ledger only) holding ``edit(event)`` of every event, on a new valid chain."""
+    with open_store(f"{dst}/ledger.db", create=True) as store:
+        store.create_run("run")
+        epoch = store.acquire_epoch("run")
+        store.append("run", [edit(s.event) for s in events], expected_seq=0, epoch=epoch)
+    return str(dst)
+
+
+@pytest.mark.slow
+def test_version_lineage(finished, events):
+    out, summary, config = finished
+    task = make_task(config)
+    prov = Provenance.from_events(events)
+    doc = prov.version(3, prompt_text=lambda i: task.problem("train", i).prompt)
+    digests = {v: one(events, ev.WeightsPublished, version=v)[1].digest for v in range(4)}
+    assert (doc["version"], doc["digest"], doc["retired_seq"]) == (3, summary["final_digest"], None)
+    assert [(link["version"], link["digest"]) for link in doc["parent_chain"]] == [(v, digests[v]) for v in (3, 2, 1, 0)]
+    step = doc["step"]
+    assert (step["group_ids"], step["rollout_ids"]) == ([4, 5], list(range(16, 24)))
+    assert (step["policy_versions"], step["staleness_max"], step["staleness_mean"]) == ([1], 1, 1.0)
+    assert step["parent"] == {"version": 2, "digest": digests[2]}
+    assert step["metrics"] == one(events, ev.TrainStepCompleted, step=3)[1].metrics
+    assert step["produced"]["digest"] == digests[3]
+    assert [r["rollout_id"] for r in doc["rollouts"]] == list(range(16, 24))
+    for r in doc["rollouts"]:
+        ordinal, sample = divmod(r["rollout_id"] - 16, 4)
+        _, outcome = one(events, ev.OutcomeRecorded, rollout_id=r["rollout_id"])
+        assert (r["group_id"], r["batch"], r["policy_version"], r["staleness"]) == (4 + ordinal, 3, 1, 1)
+        assert r["seed"] == rng.rollout_seed(SEED, 3, ordinal, sample)
+        assert r["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 4}
+        assert (r["worker"], r["attempts"]) == ("inference-0", 1)
+        assert re.fullmatch(r"[0-4]\+[0-4]=", r["prompt"])
+        assert r["prompt"] == task.problem("train", r["prompt_index"]).prompt
+        assert (r["reward"], r["passed"], r["verdict"]) == (outcome.reward, outcome.passed, outcome.verdict)
+        assert r["verifier"] == "math" and r["verifier_version"] == outcome.verifier_version
+    retired_seq, retired = one(events, ev.VersionsRetired)
+    assert retired.versions == (1,) and prov.version(1)["retired_seq"] == retired_seq
+    v0 = prov.version(0)
+    assert v0["step"] is None and v0["rollouts"] == [] and v0["parent_chain"] == [
+        {"version": 0, "digest": digests[0], "seq": one(events, ev.WeightsPublished, version=0)[0]}]
+    assert "200 supervised warm-start steps" in v0["origin"]
+
+
+@pytest.mark.slow
+def test_rollout_history_and_step(events):
+    prov = Provenance.from_events(events)
+    doc = prov.rollout(5)  # group 1 of batch 1, sample 1
+    expected = [
+        ("requested", one(events, ev.RolloutRequested, rollout_id=5)[0]),
+        ("assigned", one(events, ev.RolloutAssigned, rollout_id=5)[0]),
+        ("completed", one(events, ev.RolloutCompleted, rollout_id=5)[0]),
+        ("scored", one(events, ev.OutcomeRecorded, rollout_id=5)[0]),
+        ("consumed", one(events, ev.BatchFormed, step=1)[0]),
+        ("trained", one(events, ev.TrainStepCompleted, step=1)[0]),
+        ("published", one(events, ev.WeightsPublished, version=1)[0]),
+    ]
+    assert [(h["event"], h["seq"]) for h in doc["history"]] == expected
+    assert [e for e, _ in expected] == [h["event"] for h in sorted(doc["history"], key=lambda h: h["seq"])]
+    assert (doc["group_id"], doc["batch"], doc["policy_version"], doc["staleness"]) == (1, 1, 0, 0)
+    assert doc["seed"] == rng.rollout_seed(SEED, 1, 1, 1)
+    assert doc["consumed_by_step"] == 1 and doc["discarded"] is None
+    assert doc["produced_version"] == {"version": 1, "digest": one(events, ev.WeightsPublished, version=1)[1].digest,
+                                       "seq": expected[-1][1]}
+    assert (prov.rollout(20)["consumed_by_step"], prov.rollout(20)["staleness"]) == (3, 1)
+    step = prov.step(2)
+    assert (step["group_ids"], step["policy_versions"], step["staleness_max"]) == ([2, 3], [0], 1)
+    assert step["produced"]["version"] == 2 and step["parent"]["version"] == 1
+
+
+@pytest.mark.slow
+def test_unknown_queries_and_bad_directories_are_one_line_errors(finished, events, tmp_path, capsys):
+    out = finished[0]
+    prov = Provenance.from_events(events)
+    with pytest.raises(UsageError, match=r"^version 9 is not in this run; published versions: 0\.\.3$"):
+        prov.version(9)
+    with pytest.raises(UsageError, match=r"^rollout 24 is not in this run; requested rollouts: 0\.\.23$"):
+        prov.rollout(24)
+    with pytest.raises(UsageError, match=r"^step 0 is not in this run; formed batches: 1\.\.3$"):
+        prov.step(0)
+    for argv, message in [
+        (["audit", out, "version", "9"], "version 9 is not in this run"),
+        (["audit", str(tmp_path), "check"], "has no ledger.db"),
+        (["audit", str(tmp_path / "absent"), "version", "1"], "is not a run directory"),
+        (["audit", out, "step", "1", "--run", "other"], "--run 'other': no such run"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("rlx: error: ") and message in err
+
+
+@pytest.mark.slow
+def test_cli_tables_and_json(finished, capsys):
+    out, summary, _ = finished
+    assert main(["audit", out, "version", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "parent chain" in text and "rollouts of the batch" in text and summary["final_digest"][:16] in text
+    assert main(["audit", out, "rollout", "5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["run_id"] == "run" and doc["rollout"]["consumed_by_step"] == 1
+    assert re.fullmatch(r"[0-4]\+[0-4]=", doc["rollout"]["prompt"])
+
+
+@pytest.mark.slow
+def test_check_passes_on_the_finished_run(finished, events, capsys):
+    out = finished[0]
+    stored = {v: ParamStore.open(f"{out}/params").verify(v) for v in (0, 2, 3)}
+    assert check_run(events, stored=stored) == []
+    assert main(["audit", out, "check", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["params_checked"], doc["violations"], doc["events"]) == (True, True, [], len(events))
+
+
+@pytest.mark.slow
+def test_check_catches_a_rollout_consumed_twice(events, tmp_path, capsys):
+    # Batch 2 takes rollout 0, already consumed by batch 1, in place of its own rollout 8.
+    def edit(e):
+        if isinstance(e, ev.BatchFormed) and e.step == 2:
+            return dataclasses.replace(e, rollout_ids=(0, *e.rollout_ids[1:]))
+        return e
+
+    edited = copy_ledger(events, tmp_path, edit)
+    seq = one(events, ev.BatchFormed, step=2)[0]
+    with open_store(edited) as store:
+        violations = check_run(store.read("run"))
+    assert Violation("I2", seq, "batch 2 consumes rollout 0 again (first by batch 1)") in violations
+    assert main(["audit", edited, "check", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and doc["params_checked"] is False
+    assert {"invariant": "I2", "seq": seq, "kind": "BatchFormed",
+            "message": "batch 2 consumes rollout 0 again (first by batch 1)"} in doc["violations"]
+    assert main(["audit", edited, "check"]) == 1
+    assert "consumes rollout 0 again" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_check_catches_consumption_beyond_the_staleness_bound(events, tmp_path):
+    # The same batches under a recorded bound of 0: batch 2's rollouts (version 0, step 2) are 1 stale.
+    def edit(e):
+        if isinstance(e, ev.RunStarted):
+            config = {**e.config, "scheduling": {**e.config["scheduling"], "max_staleness": 0}}
+            return dataclasses.replace(e, config=config)
+        return e
+
+    edited = copy_ledger(events, tmp_path, edit)
+    seq = one(events, ev.BatchFormed, step=2)[0]
+    with open_store(edited) as store:
+        violations = check_run(store.read("run"))
+    stale = [v for v in violations if v.invariant == "I1"]
+    assert stale[:8] == [Violation("I1", seq, f"rollout {r} of version 0 used in step 2: staleness 1 > 0")
+                         for r in range(8, 16)]
+
+
+@pytest.mark.slow
+def test_check_reports_a_deleted_parameter_version(finished, events, tmp_path, capsys):
+    bad = str(tmp_path / "bad")
+    shutil.copytree(finished[0], bad)
+    ParamStore.open(f"{bad}/params").delete(3)
+    assert main(["audit", bad, "check", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["violations"] == [{
+        "invariant": "I8", "seq": one(events, ev.WeightsPublished, version=3)[0], "kind": "WeightsPublished",
+        "message": "version 3 is retained by the ledger but missing from the parameter store",
+    }]
