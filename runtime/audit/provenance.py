@@ -141,7 +141,7 @@ class Provenance:
             "batch_seq": batch_seq,
             "group_ids": list(b.group_ids),
             "rollout_ids": list(b.rollout_ids),
-            "policy_versions": sorted(set(int(v) for v in b.policy_versions)),
+            "policy_versions": sorted({int(v) for v in b.policy_versions}),
             "staleness_max": max(staleness, default=0),
             "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
             "parent": None if parent is None else {"version": s - 1, "digest": parent[1].digest},
@@ -165,7 +165,7 @@ class Provenance:
             "staleness": None if step is None else (step - 1) - q.policy_version,
             "attempts": len(self.assigned.get(rid, ())),
             "worker": None if c is None else c[1].worker_id,
-            "tokens": None if c is None else int(len(c[1].tokens)),
+            "tokens": None if c is None else len(c[1].tokens),
             "finish_reason": None if c is None else c[1].finish_reason,
             "reward": None if o is None else o[1].reward,
             "passed": None if o is None else o[1].passed,
@@ -179,18 +179,18 @@ class Provenance:
         if rid not in self.requests:
             raise UsageError(f"rollout {rid!r} is not in this run; requested rollouts: {_range(self.requests)}")
         seq, q = self.requests[rid]
-        history = [(seq, "requested", f"group {q.group_id} of batch {q.batch}, prompt {q.prompt_index}, "
-                                      f"version {q.policy_version}, seed {q.seed}")]
+        history = [(seq, "requested", (f"group {q.group_id} of batch {q.batch}, prompt {q.prompt_index}, "
+                                       f"version {q.policy_version}, seed {q.seed}"))]
         history += [(s, "assigned", f"to {a.worker_id}, attempt {a.attempt}") for s, a in self.assigned.get(rid, ())]
         history += [(s, "abandoned", f"attempt {a.attempt}: {a.reason}") for s, a in self.abandoned.get(rid, ())]
         if rid in self.completed:
             s, c = self.completed[rid]
-            history.append((s, "completed", f"by {c.worker_id}, attempt {c.attempt}, {len(c.tokens)} tokens, "
-                                            f"{c.finish_reason}, weights {c.weights_digest[:16]}"))
+            history.append((s, "completed", (f"by {c.worker_id}, attempt {c.attempt}, {len(c.tokens)} tokens, "
+                                             f"{c.finish_reason}, weights {c.weights_digest[:16]}")))
         if rid in self.outcomes:
             s, o = self.outcomes[rid]
-            history.append((s, "scored", f"reward {o.reward}, {'passed' if o.passed else 'failed'} ({o.verdict}) "
-                                         f"by {o.verifier} {o.verifier_version}"))
+            history.append((s, "scored", (f"reward {o.reward}, {'passed' if o.passed else 'failed'} ({o.verdict}) "
+                                          f"by {o.verifier} {o.verifier_version}")))
         if q.group_id in self.discarded:
             s, d = self.discarded[q.group_id]
             history.append((s, "discarded", f"group {q.group_id}: {d.reason}"))

@@ -47,10 +47,10 @@ def step(console: Console, doc: dict[str, Any], *, rollouts: bool = True) -> Non
     """A step: batch, parent and produced versions, metrics."""
     produced = doc["produced"]
     console.print(_pairs(f"step {doc['step']}", [
-        ("batch", f"seq {doc['batch_seq']}: {len(doc['group_ids'])} groups {doc['group_ids']}, "
-                  f"{len(doc['rollout_ids'])} rollouts"),
-        ("sampled from", f"versions {doc['policy_versions']}, staleness max {doc['staleness_max']}, "
-                         f"mean {doc['staleness_mean']:.3g}"),
+        ("batch", (f"seq {doc['batch_seq']}: {len(doc['group_ids'])} groups {doc['group_ids']}, "
+                   f"{len(doc['rollout_ids'])} rollouts")),
+        ("sampled from", (f"versions {doc['policy_versions']}, staleness max {doc['staleness_max']}, "
+                          f"mean {doc['staleness_mean']:.3g}")),
         ("parent", None if doc["parent"] is None else f"version {doc['parent']['version']} {doc['parent']['digest']}"),
         ("trained", None if doc["trained_seq"] is None else f"seq {doc['trained_seq']}, batch digest {doc['batch_digest']}"),
         ("produced", None if produced is None else f"version {produced['version']} {produced['digest']} (seq {produced['seq']})"),

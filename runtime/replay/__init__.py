@@ -7,4 +7,20 @@ from runtime.replay.report import ReplayReport
 from runtime.replay.runner import replay_run
 from runtime.replay.source import RunLedger, open_params, params_url, read_run
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ = [
+    "Divergence",
+    "IncompleteLedger",
+    "ReplayPlan",
+    "ReplayReport",
+    "RunLedger",
+    "SampledRollout",
+    "StepPlan",
+    "compare_rollout",
+    "compare_step",
+    "fingerprint_diff",
+    "open_params",
+    "params_url",
+    "plan_replay",
+    "read_run",
+    "replay_run",
+]

@@ -47,9 +47,8 @@ def finished(tmp_path_factory):
     """(run directory, summary, config) of a finished run."""
     root = tmp_path_factory.mktemp("audit")
     with open(root / "sums.jsonl", "w", encoding="utf-8") as f:
-        for a in range(5):
-            for b in range(5):
-                f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+        f.writelines(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                     for a in range(5) for b in range(5))
     config = tiny_config(str(root / "sums.jsonl"), str(tmp_path_factory.getbasetemp() / "warm_start"))
     out = str(root / "run")
     summary = run(config, out, progress=False, log=lambda m: None)
@@ -80,7 +79,7 @@ def copy_ledger(events, dst, edit) -> str:
 
 @pytest.mark.slow
 def test_version_lineage(finished, events):
-    out, summary, config = finished
+    _, summary, config = finished
     task = make_task(config)
     prov = Provenance.from_events(events)
     doc = prov.version(3, prompt_text=lambda i: task.problem("train", i).prompt)

@@ -32,9 +32,8 @@ STEPS = 3
 
 def write_sums(path) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        for a in range(5):
-            for b in range(5):
-                f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+        f.writelines(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                     for a in range(5) for b in range(5))
 
 
 def tiny_config(data: str, cache_dir: str) -> Config:
