@@ -62,7 +62,8 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
 
     if not source.chain.ok:
         c = source.chain
-        return report([Divergence("ledger", c.first_bad_seq or 0, "?", "digest", f"hash chain: {c.reason}")])
+        return report([Divergence("ledger", c.first_bad_seq or 0, source.first_bad_kind or "missing", "chain",
+                                  f"hash chain: {c.reason}")])
     plan = plan_replay(source.events)
     fp = fingerprint_diff(plan.run.fingerprint, fingerprint())
     if fp:

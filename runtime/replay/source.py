@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ledger import open_store
+from ledger import LedgerError, open_store
 from ledger.store import RUN_LEDGER_FILE, StoredEvent, VerifyReport
 from runtime.errors import UsageError
 
@@ -26,6 +26,7 @@ class RunLedger:
       run_id: the run.
       chain: the hash-chain check of the run.
       events: the run's events in seq order (empty when the chain is corrupt).
+      first_bad_kind: the stored kind of the first bad record, when the chain is corrupt.
     """
 
     directory: str
@@ -33,6 +34,7 @@ class RunLedger:
     run_id: str
     chain: VerifyReport
     events: tuple[StoredEvent, ...]
+    first_bad_kind: str | None = None
 
 
 def read_run(directory: str, run_id: str | None = None) -> RunLedger:
@@ -60,8 +62,14 @@ def read_run(directory: str, run_id: str | None = None) -> RunLedger:
             listed = ", ".join(repr(r) for r in runs[:10]) or "none"
             raise UsageError(f"--run {run_id!r}: no such run in {path}; runs present: {listed}")
         chain = store.verify(run_id)
-        events = tuple(store.read(run_id)) if chain.ok else ()
-        return RunLedger(directory, store.url, run_id, chain, events)
+        if chain.ok:
+            return RunLedger(directory, store.url, run_id, chain, tuple(store.read(run_id)))
+        seq = chain.first_bad_seq or 0
+        try:
+            bad = next(iter(store.scan(run_id, seq, seq)), None)
+        except LedgerError:  # an unreadable record: its kind is unknown too
+            bad = None
+        return RunLedger(directory, store.url, run_id, chain, (), None if bad is None else bad.kind)
 
 
 def params_url(directory: str, config: Mapping[str, Any]) -> str:

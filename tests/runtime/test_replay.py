@@ -139,11 +139,14 @@ def test_a_flipped_byte_in_an_event_body_is_named_by_verify_and_replay(finished,
     report = replay_run(bad)
     assert not report.match and report.versions_verified == 0
     first = report.first_divergence
-    assert (first.stage, first.seq) == ("ledger", target)
+    assert (first.stage, first.seq, first.kind, first.field) == ("ledger", target, "WeightsPublished", "chain")
     assert main(["ledger", "verify", bad]) == 1
     assert f"CORRUPT at seq {target}" in capsys.readouterr().out
     assert main(["replay", bad, "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["first_divergence"]["seq"] == target
+    assert main(["audit", bad, "check", "--json"]) == 1
+    chain = json.loads(capsys.readouterr().out)["chain"]
+    assert (chain["ok"], chain["first_bad_seq"]) == (False, target)
 
 
 @pytest.mark.slow
