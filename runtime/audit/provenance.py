@@ -105,7 +105,7 @@ class Provenance:
             raise UsageError(f"version {v!r} is not in this run; published versions: {_range(self.published)}")
         seq, pub = self.published[v]
         chain, u = [], v
-        while u in self.published:
+        while u in self.published and len(chain) <= v:  # an edited ledger may hold a cycle
             chain.append({"version": u, "digest": self.published[u][1].digest, "seq": self.published[u][0]})
             u = self.published[u][1].parent_version
         doc: dict[str, Any] = {

@@ -13,10 +13,12 @@ import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from ledger import events as ev
 from ledger import open_store
+from ledger.store import StoredEvent
 from runtime import rng
 from runtime.audit import Provenance, Violation, check_run
 from runtime.cli import main
@@ -232,3 +234,37 @@ def test_check_reports_a_deleted_parameter_version(finished, events, tmp_path, c
         "invariant": "I8", "seq": one(events, ev.WeightsPublished, version=3)[0], "kind": "WeightsPublished",
         "message": "version 3 is retained by the ledger but missing from the parameter store",
     }]
+
+
+def _stored(events):
+    return [StoredEvent("run", seq, e, b"", 1, 0.0) for seq, e in enumerate(events, start=1)]
+
+
+def test_history_of_a_leased_twice_rollout_whose_group_was_discarded():
+    sampling = {"max_tokens": 4}
+    events = _stored([
+        ev.RunStarted("run", {"pretrain": {"steps": 0}}, "c" * 64, 5),
+        ev.WeightsPublished(0, "a" * 64, -1, ""),
+        ev.RolloutRequested(0, 0, 1, 17, 0, 99, sampling),
+        ev.RolloutAssigned(0, "w1", 0),
+        ev.RolloutAbandoned(0, 0, "lease expired"),
+        ev.RolloutAssigned(0, "w2", 1),
+        ev.RolloutCompleted(0, "w2", 1, 0, "a" * 64, np.array([3, 4], np.int32), np.zeros(2, np.float32), "stop"),
+        ev.OutcomeRecorded(0, 0.0, False, "WA", "math", "math/1"),
+        ev.GroupDiscarded(0, "uniform_reward"),
+    ])
+    doc = Provenance.from_events(events).rollout(0, prompt_text=lambda i: f"prompt {i}")
+    assert [(h["seq"], h["event"], h["detail"]) for h in doc["history"]] == [
+        (3, "requested", "group 0 of batch 1, prompt 17, version 0, seed 99"),
+        (4, "assigned", "to w1, attempt 0"),
+        (5, "abandoned", "attempt 0: lease expired"),
+        (6, "assigned", "to w2, attempt 1"),
+        (7, "completed", "by w2, attempt 1, 2 tokens, stop, weights " + "a" * 16),
+        (8, "scored", "reward 0.0, failed (WA) by math math/1"),
+        (9, "discarded", "group 0: uniform_reward"),
+    ]
+    assert (doc["attempts"], doc["worker"], doc["prompt"], doc["tokens"]) == (2, "w2", "prompt 17", 2)
+    assert (doc["consumed_by_step"], doc["staleness"], doc["produced_version"], doc["discarded"]) == (
+        None, None, None, "uniform_reward")
+    v0 = Provenance.from_events(events).version(0)
+    assert v0["origin"] == "initial weights: built-in model, seed 5, 0 supervised warm-start steps"
