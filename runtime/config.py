@@ -119,7 +119,8 @@ class RunConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(Section):
-    """The policy: a local Hugging Face checkpoint directory, or None for the built-in model."""
+    """The policy: a local Hugging Face checkpoint directory, or None for the built-in model,
+    a decoder of the given shape initialised with normal(0, ``initializer_range``) weights."""
 
     NAME = "model"
     path: str | None = None
@@ -128,10 +129,13 @@ class ModelConfig(Section):
     num_heads: int = 4
     num_kv_heads: int = 4
     intermediate_size: int = 512
+    initializer_range: float = 0.08
 
     def check(self) -> None:
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
             self._at_least(name, 1)
+        if not self.initializer_range > 0.0:
+            raise _fail("model.initializer_range", self.initializer_range, "it must be > 0")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise _fail("model.num_heads", self.num_heads,
                         "hidden_size must be a multiple of num_heads and num_heads of num_kv_heads")
@@ -146,7 +150,7 @@ class PretrainConfig(Section):
     """
 
     NAME = "pretrain"
-    steps: int = 300
+    steps: int = 380
     batch_size: int = 128
     learning_rate: float = 1e-3
     cache_dir: str | None = None

@@ -86,6 +86,7 @@ def _builtin_model(config: Config, tokenizer):
         num_kv_heads=m.num_kv_heads,
         intermediate_size=m.intermediate_size,
         max_position_embeddings=256,
+        initializer_range=m.initializer_range,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
