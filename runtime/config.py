@@ -143,7 +143,8 @@ class ModelConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig(Section):
-    """The supervised warm start of the built-in model (0 steps: none) and held-out evaluation.
+    """The supervised warm start of the built-in model (0 steps: none; a ``model.path`` checkpoint
+    is used as it is) and held-out evaluation.
 
     ``cache_dir`` (None: ``~/.cache/rlx/warm_start``) keeps finished warm starts by a digest of
     their inputs. ``eval_size`` caps the held-out problems evaluated before and after RL.

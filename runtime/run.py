@@ -37,6 +37,7 @@ class Session:
     task: Any
     tokenizer: Any
     model: Any
+    codec: Any
     engine: Any
     width: int
     warm_start: dict
@@ -109,6 +110,7 @@ def build_session(config: Config, out: str, *, log: Callable[[str], None] = prin
     """Task, tokenizer, initial model (after the supervised warm start) and engine."""
     from runtime.inference import Engine
     from runtime.model import char_tokenizer, load_hf
+    from runtime.tasks.base import TextCodec
     from runtime.trainer.pretrain import PretrainConfig, cached_warm_start
 
     task = make_task(config)
@@ -122,15 +124,16 @@ def build_session(config: Config, out: str, *, log: Callable[[str], None] = prin
     else:
         tokenizer = char_tokenizer()
         model = _builtin_model(config, tokenizer)
+    codec = TextCodec.for_model(model)
     longest_prompt = max(
-        len(task.encode_prompt(tokenizer, task.problem(split, i)))
+        len(codec.encode_prompt(task.problem(split, i)))
         for split, n in (("train", task.train_size), ("eval", task.eval_size))
         for i in range(min(n, 256))
     )
     width = longest_prompt + config.sampling.max_tokens
     warm = {"steps": 0, "cached": False}
     p = config.pretrain
-    if p.steps > 0:
+    if p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
         cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
         log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
         model, path, cached = cached_warm_start(
@@ -144,7 +147,7 @@ def build_session(config: Config, out: str, *, log: Callable[[str], None] = prin
     pages_per_seq = -(-width // page_size)
     engine = Engine(model, max_slots=slots, page_size=page_size, num_pages=slots * pages_per_seq + 1,
                     max_seq_len=pages_per_seq * page_size, prefill_buckets=_buckets(longest_prompt))
-    return Session(config, out, task, tokenizer, model, engine, width, warm)
+    return Session(config, out, task, tokenizer, model, codec, engine, width, warm)
 
 
 def _buckets(longest: int) -> tuple[int, ...]:
@@ -158,13 +161,14 @@ def evaluate(session: Session, params, *, limit: int) -> float:
     """Greedy pass rate on the held-out split (at most ``limit`` problems)."""
     from runtime.workers.inference import sampling_params
 
-    task, tok = session.task, session.tokenizer
+    task = session.task
     n = min(limit, task.eval_size)
     problems = [task.problem("eval", i) for i in range(n)]
     session.engine.update_params(params)
-    sp = sampling_params({"temperature": 0.0, "max_tokens": session.config.sampling.max_tokens})
-    completions = session.engine.generate([task.encode_prompt(tok, p) for p in problems], sp, list(range(n)))
-    texts = [task.decode_completion(tok, c.tokens) for c in completions]
+    codec = session.codec
+    sp = sampling_params({"temperature": 0.0, "max_tokens": session.config.sampling.max_tokens}, codec.eos_ids)
+    completions = session.engine.generate([codec.encode_prompt(p) for p in problems], sp, list(range(n)))
+    texts = [codec.decode(c.tokens) for c in completions]
     return float(np.mean([s.passed for s in task.score(problems, texts)]))
 
 
@@ -312,9 +316,9 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, eval
             loaded[version] = (pstore.get(version), pstore.digest(version))
         return loaded[version]
 
-    inference = EngineWorker("inference-0", session.engine, session.task, session.tokenizer, load_params)
-    verifier = TaskVerifier("verifier-0", session.task, session.tokenizer)
-    trainer = StepTrainer("trainer-0", session.model, session.task, pstore, step_config,
+    inference = EngineWorker("inference-0", session.engine, session.task, session.codec, load_params)
+    verifier = TaskVerifier("verifier-0", session.task, session.codec)
+    trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, step_config,
                           group_size=config.sampling.group_size, width=session.width)
     ctrl.join(inference.worker_id, "inference", slots=inference.slots)
     ctrl.join(verifier.worker_id, "verifier")

@@ -107,7 +107,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     batches = [e for e in events if e.KIND == "BatchFormed"]
     tasks = [TrainTask(b.step, b.step - 1, "", b, tuple(TrainRollout(requests[r], completions[r], outcomes[r])
                                                         for r in b.rollout_ids)) for b in batches]
-    trainer = StepTrainer("bench", session.model, session.task, ParamStore.open("memory://bench-e2e", create=True),
+    trainer = StepTrainer("bench", session.model, session.task, session.codec, ParamStore.open("memory://bench-e2e", create=True),
                           step_config, group_size=config.sampling.group_size, width=session.width)
     # Pack every batch once, outside the timings: both loops consume the same arrays.
     packed = []

@@ -19,6 +19,44 @@ from runtime.model.tokenizer import BOS_ID, EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)
+class TextCodec:
+    """Text <-> token ids for prompts and completions, with the model's special tokens.
+
+    A prompt is ``<bos>`` (when the model has one) + the prompt's tokens; a completion ends at
+    the first end-of-sequence id. The built-in character tokenizer uses ``BOS_ID``/``EOS_ID``;
+    a Hugging Face checkpoint brings its own ids (``config.json``).
+    """
+
+    tokenizer: Any
+    bos_id: int | None = BOS_ID
+    eos_ids: tuple[int, ...] = (EOS_ID,)
+
+    @classmethod
+    def for_model(cls, model) -> TextCodec:
+        c = model.config
+        eos = c.eos_token_ids if c.eos_token_ids else (EOS_ID,)
+        return cls(model.tokenizer, c.bos_token_id, tuple(int(e) for e in eos))
+
+    def encode_prompt(self, problem: Problem) -> np.ndarray:
+        ids = self.tokenizer.encode(problem.prompt, add_special_tokens=False).ids
+        head = [] if self.bos_id is None else [self.bos_id]
+        return np.asarray([*head, *ids], np.int32)
+
+    def target_ids(self, problem: Problem) -> list[int]:
+        """The supervised completion: the target's tokens and the first end-of-sequence id."""
+        return self.tokenizer.encode(problem.target, add_special_tokens=False).ids + [self.eos_ids[0]]
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The completion text up to (not including) the first end-of-sequence id."""
+        ids = [int(t) for t in tokens]
+        for i, t in enumerate(ids):
+            if t in self.eos_ids:
+                ids = ids[:i]
+                break
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclasses.dataclass(frozen=True)
 class Problem:
     """One prompt and what a correct completion is.
 
@@ -74,17 +112,6 @@ class Task(abc.ABC):
         """The task's identity for the run config (name and parameters)."""
         return {"name": self.name}
 
-    def encode_prompt(self, tokenizer, problem: Problem) -> np.ndarray:
-        """``<bos>`` + the prompt's token ids, int32."""
-        ids = tokenizer.encode(problem.prompt, add_special_tokens=False).ids
-        return np.asarray([BOS_ID, *ids], np.int32)
-
-    def decode_completion(self, tokenizer, tokens: Sequence[int]) -> str:
-        """The completion text up to (not including) the first ``<eos>``."""
-        ids = [int(t) for t in tokens]
-        if EOS_ID in ids:
-            ids = ids[: ids.index(EOS_ID)]
-        return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def split_indices(total: int, eval_size: int, seed: int) -> np.ndarray:

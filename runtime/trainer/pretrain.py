@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from runtime.model import EOS_ID, PAD_ID, Model, ModelConfig, forward, load_hf, save_hf
-from runtime.tasks.base import Task
+from runtime.model import PAD_ID, Model, ModelConfig, forward, load_hf, save_hf
+from runtime.tasks.base import Task, TextCodec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PretrainConfig:
     seed: int = 0
 
 
-def pack_supervised(task: Task, tokenizer, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack_supervised(task: Task, codec: TextCodec, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(tokens_BT, attention_BT, target_mask_BS)`` for prompt + target + ``<eos>`` rows."""
     B = len(indices)
     tokens = np.full((B, width), PAD_ID, np.int32)
@@ -39,8 +39,8 @@ def pack_supervised(task: Task, tokenizer, indices, width: int) -> tuple[np.ndar
     mask = np.zeros((B, width - 1), bool)
     for b, i in enumerate(indices):
         p = task.problem("train", int(i))
-        prompt = task.encode_prompt(tokenizer, p)
-        target = tokenizer.encode(p.target, add_special_tokens=False).ids + [EOS_ID]
+        prompt = codec.encode_prompt(p)
+        target = codec.target_ids(p)
         row = np.concatenate([prompt, np.asarray(target, np.int32)])[:width]
         tokens[b, : len(row)] = row
         attention[b, : len(row)] = True
@@ -90,7 +90,7 @@ def warm_start(model: Model, task: Task, config: PretrainConfig, *, width: int, 
     losses = []
     for step in range(config.steps):
         idx = rng.integers(task.train_size, size=config.batch_size)
-        tokens, attention, mask = pack_supervised(task, model.tokenizer, idx, width)
+        tokens, attention, mask = pack_supervised(task, TextCodec.for_model(model), idx, width)
         params, state, loss = _sft_step(
             params, state, tokens, attention, mask, model_config=model.config, optimizer=opt
         )

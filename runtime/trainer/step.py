@@ -179,7 +179,7 @@ def train_step(params, opt_state, batch, logp_old_BS, logp_ref_BS, current_B, *,
     params = optax.apply_updates(params, updates)
     metrics.update(
         loss=loss,
-        grad_norm=optax.global_norm(grads),
+        grad_norm=optax.tree.norm(grads),
         reward_mean=jnp.mean(batch["rewards_MG"]),
         response_tokens=jnp.sum(mask_BS).astype(jnp.float32) / mask_BS.shape[0],
     )

@@ -17,32 +17,31 @@ from ledger.events import RolloutCompleted
 from runtime.controller.workers import Lease
 from runtime.errors import RlxError
 from runtime.inference import Engine, SamplingParams
-from runtime.model import EOS_ID
-from runtime.tasks.base import Task
+from runtime.tasks.base import Task, TextCodec
 
 ParamsLoader = Callable[[int], tuple[dict, str]]
 
 
-def sampling_params(sampling: dict) -> SamplingParams:
-    """The engine's parameters for a request's logged sampling dict (EOS always stops)."""
+def sampling_params(sampling: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
+    """The engine's parameters for a request's logged sampling dict (the model's EOS ids stop)."""
     return SamplingParams(
         temperature=float(sampling.get("temperature", 1.0)),
         top_k=int(sampling.get("top_k", 0)),
         top_p=float(sampling.get("top_p", 1.0)),
         max_tokens=int(sampling["max_tokens"]),
-        stop_token_ids=(EOS_ID,),
+        stop_token_ids=tuple(stop_ids),
     )
 
 
 class EngineWorker:
     """Generates completions for leases, grouped by policy version."""
 
-    def __init__(self, worker_id: str, engine: Engine, task: Task, tokenizer, load_params: ParamsLoader,
+    def __init__(self, worker_id: str, engine: Engine, task: Task, codec: TextCodec, load_params: ParamsLoader,
                  *, slots: int | None = None):
         self.worker_id = worker_id
         self.engine = engine
         self.task = task
-        self.tokenizer = tokenizer
+        self.codec = codec
         self.load_params = load_params
         self.slots = slots or engine.max_slots
         self._loaded: tuple[int, str] | None = None
@@ -59,7 +58,7 @@ class EngineWorker:
         self._loaded = (version, digest)
 
     def prompt_tokens(self, prompt_index: int) -> np.ndarray:
-        return self.task.encode_prompt(self.tokenizer, self.task.problem("train", prompt_index))
+        return self.codec.encode_prompt(self.task.problem("train", prompt_index))
 
     def generate(self, leases: Sequence[Lease]) -> list[RolloutCompleted]:
         by_version: dict[tuple[int, str], list[Lease]] = defaultdict(list)
@@ -70,7 +69,7 @@ class EngineWorker:
             self._use(version, digest)
             completions = self.engine.generate(
                 [self.prompt_tokens(l.prompt_index) for l in group],
-                [sampling_params(l.sampling) for l in group],
+                [sampling_params(l.sampling, self.codec.eos_ids) for l in group],
                 [l.seed for l in group],
             )
             for lease, c in zip(group, completions, strict=True):

@@ -16,7 +16,7 @@ from ledger.events import TrainStepCompleted, WeightsPublished
 from runtime.controller.workers import InitTask, TrainTask
 from runtime.model import PAD_ID, Model
 from runtime.params import ParamStore
-from runtime.tasks.base import Task
+from runtime.tasks.base import Task, TextCodec
 from runtime.trainer.batch import Sample, pack
 from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
 
@@ -24,11 +24,12 @@ from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
 class StepTrainer:
     """Runs ``train_step`` against the parameter store."""
 
-    def __init__(self, worker_id: str, model: Model, task: Task, store: ParamStore, config: StepConfig,
+    def __init__(self, worker_id: str, model: Model, task: Task, codec: TextCodec, store: ParamStore, config: StepConfig,
                  *, group_size: int, width: int):
         self.worker_id = worker_id
         self.model = model
         self.task = task
+        self.codec = codec
         self.store = store
         self.config = config
         self.group_size = group_size
@@ -77,7 +78,7 @@ class StepTrainer:
         for r in task.rollouts:
             problem = self.task.problem("train", r.request.prompt_index)
             samples.append(Sample(
-                prompt=self.task.encode_prompt(self.model.tokenizer, problem),
+                prompt=self.codec.encode_prompt(problem),
                 completion=np.asarray(r.completion.tokens, np.int32),
                 logprobs=np.asarray(r.completion.logprobs, np.float32),
                 reward=float(r.outcome.reward),

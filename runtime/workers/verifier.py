@@ -6,20 +6,20 @@ from collections.abc import Sequence
 
 from ledger.events import OutcomeRecorded
 from runtime.controller.workers import ScoreTask
-from runtime.tasks.base import Task
+from runtime.tasks.base import Task, TextCodec
 
 
 class TaskVerifier:
     """Decodes each completion, re-derives its problem from the prompt index, and verifies it."""
 
-    def __init__(self, worker_id: str, task: Task, tokenizer):
+    def __init__(self, worker_id: str, task: Task, codec: TextCodec):
         self.worker_id = worker_id
         self.task = task
-        self.tokenizer = tokenizer
+        self.codec = codec
 
     def score(self, tasks: Sequence[ScoreTask]) -> list[OutcomeRecorded]:
         problems = [self.task.problem("train", t.prompt_index) for t in tasks]
-        texts = [self.task.decode_completion(self.tokenizer, t.completion.tokens) for t in tasks]
+        texts = [self.codec.decode(t.completion.tokens) for t in tasks]
         results = self.task.score(problems, texts)
         return [
             OutcomeRecorded(t.rollout_id, r.reward, r.passed, r.verdict, r.verifier, r.verifier_version, r.detail)

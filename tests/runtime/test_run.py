@@ -133,3 +133,29 @@ def test_resume_after_sigkills_ends_with_the_uninterrupted_digest(tmp_path, cach
     again = subprocess.run([sys.executable, "-m", "runtime.cli", "resume", out, "--no-progress"],
                            capture_output=True, text=True)
     assert again.returncode == 0 and "already finished" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_local_hugging_face_checkpoint_and_jsonl_data(tmp_path, cache_dir):
+    import jax
+
+    from runtime.model import Model, ModelConfig, char_tokenizer, save_hf
+
+    tok = char_tokenizer()
+    mc = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                     intermediate_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    save_hf(str(tmp_path / "ckpt"), Model.init(mc, key=jax.random.key(5), tokenizer=tok))
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), "--no-progress", "--steps", "2", "--model", str(tmp_path / "ckpt"),
+                 "--data", str(tmp_path / "data.jsonl"), *[x for o in TINY for x in ("--set", o)]])
+    assert code == 0
+    with open(out / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["warm_start"]["steps"] == 0  # a given checkpoint is used as it is
+    assert summary["steps"] == 2 and summary["eval_size"] == 4
+    with open_store(out) as store:
+        started = next(store.read("run")).event
+    assert started.config["model"]["path"] == str(tmp_path / "ckpt")
+    assert started.config["data"]["size"] == 36

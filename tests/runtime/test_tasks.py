@@ -1,0 +1,102 @@
+"""Tasks: deterministic problems, disjoint held-out splits, real verifiers, JSONL validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.errors import UsageError
+from runtime.model import char_tokenizer
+from runtime.tasks import make_task
+from runtime.tasks.base import TextCodec, nth_kept, split_indices
+
+
+def test_arithmetic_problems_and_held_out_split():
+    task = make_task("arithmetic", digits=2, eval_size=50, seed=3)
+    assert task.train_size == 10_000 - 50 and task.eval_size == 50
+    train = {task.problem("train", i).prompt for i in range(task.train_size)}
+    held = {task.problem("eval", i).prompt for i in range(task.eval_size)}
+    assert len(train) == task.train_size and len(held) == 50 and not train & held
+    p = task.problem("eval", 0)
+    a, b = (int(x) for x in p.prompt[:-1].split("+"))
+    assert p.answer == str(a + b) and p.prompt == f"{a:02d}+{b:02d}="
+    assert make_task("arithmetic", digits=2, eval_size=50, seed=3).problem("train", 77) == task.problem("train", 77)
+
+
+def test_nth_kept_skips_excluded_indices():
+    excluded = split_indices(100, 30, seed=1)
+    kept = [nth_kept(i, excluded) for i in range(70)]
+    assert kept == [x for x in range(100) if x not in set(excluded.tolist())]
+
+
+def test_arithmetic_scoring_uses_the_math_verifier():
+    task = make_task("arithmetic")
+    p = task.problem("train", 5)
+    good, bad, junk = task.score([p, p, p], [p.answer, str(int(p.answer) + 1), "x+y"])
+    assert (good.reward, good.passed, good.verdict, good.verifier) == (1.0, True, "AC", "math")
+    assert (bad.reward, bad.passed, bad.verdict) == (0.0, False, "WA")
+    assert not junk.passed
+
+
+def test_codefn_held_out_functions_are_never_trained_and_sandbox_scores_fractions():
+    task = make_task("codefn", problems=400, eval_size=40, seed=0)
+    train = {task.problem("train", i).answer for i in range(400)}
+    held = {task.problem("eval", i).answer for i in range(40)}
+    assert not train & held
+    p = task.problem("train", 3)
+    a = int(p.answer.split("*")[0])
+    wrong_offset = f"{a}*x+{1000}"
+    right, wrong, broken = task.score([p, p, p], [p.answer, wrong_offset, "x +"])
+    assert (right.reward, right.passed, right.verdict, right.verifier) == (1.0, True, "AC", "code")
+    assert wrong.reward == 0.0 and wrong.verdict == "WA"
+    assert broken.reward == 0.0 and not broken.passed
+
+
+def test_text_codec_round_trip_with_bos_and_eos():
+    codec = TextCodec(char_tokenizer())
+    p = make_task("arithmetic").problem("train", 9)
+    ids = codec.encode_prompt(p)
+    assert ids[0] == codec.bos_id and codec.decode(ids[1:]) == p.prompt
+    target = codec.target_ids(p)
+    assert target[-1] == codec.eos_ids[0] and codec.decode(target + [7, 8]) == p.answer
+
+
+def test_jsonl_rows_split_and_score(tmp_path):
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(20)]
+    rows.append({"prompt": "echo", "tests": [{"input": "hi\n", "output": "hi\n"}]})
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    task = make_task("jsonl", path=str(path), eval_fraction=0.25, seed=0)
+    assert task.train_size + task.eval_size == 21 and task.eval_size == 5
+    problems = [task.problem("train", i) for i in range(task.train_size)]
+    code = next(p for p in problems + [task.problem("eval", i) for i in range(5)] if p.tests)
+    math = next(p for p in problems if p.answer)
+    out = task.score([math, code, code], [math.answer, "print(input())", "print('no')"])
+    assert [o.passed for o in out] == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"prompt": "a", "answer": "1"}', "not json"], "data.jsonl:2: not valid JSON"),
+        (['{"prompt": "a", "answer": "1"}', '{"prompt": "b"}'], "data.jsonl:2: give exactly one of"),
+        (['{"prompt": "a", "answer": "1"}', '{"prompt": "", "answer": "1"}'], "'prompt' must be a non-empty"),
+        (['{"prompt": "a", "answer": "1"}', '{"prompt": "b", "tests": [{"input": 1}]}'], "tests[0]"),
+        (['{"prompt": "a", "answer": "1", "extra": 1}', '{"prompt": "b", "answer": "2"}'], "unknown keys ['extra']"),
+        (['{"prompt": "a", "answer": "1"}'], "need at least 2"),
+    ],
+)
+def test_malformed_jsonl_rows_are_named(tmp_path, lines, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UsageError) as info:
+        make_task("jsonl", path=str(path))
+    assert message in str(info.value)
+
+
+def test_unknown_task_and_parameters():
+    with pytest.raises(UsageError, match="unknown task 'nope'; accepted: arithmetic, codefn, jsonl"):
+        make_task("nope")
+    with pytest.raises(UsageError, match="digits"):
+        make_task("arithmetic", digits=9)
