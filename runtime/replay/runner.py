@@ -141,9 +141,10 @@ class _Rerun:
         self.session = session = build_session(config, directory, log=log)
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
-        self.trainer = StepTrainer("replay-trainer", session.model, session.task, self.store, _step_config(config, session),
-                                   group_size=config.sampling.group_size, width=session.width)
-        self.sampler = EngineWorker("replay-inference", session.engine, session.task, session.tokenizer,
+        self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,
+                                   _step_config(config, session), group_size=config.sampling.group_size,
+                                   width=session.width)
+        self.sampler = EngineWorker("replay-inference", session.engine, session.task, session.codec,
                                     lambda v: (self.store.get(v), self.store.digest(v)))
         self.verified = 0
         self.regenerated = 0

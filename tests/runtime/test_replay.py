@@ -100,6 +100,7 @@ def test_the_plan_rebuilds_each_train_task_and_hides_retired_versions(finished):
     events = events_of(out)
     plan = plan_replay(events)
     assert [s.step for s in plan.steps] == [1, 2, 3]
+    assert len({p.event.digest for p in plan.versions.values()}) == 4  # every step moved the weights
     batches = {s.event.step: s.event for s in events if isinstance(s.event, ev.BatchFormed)}
     for step in plan.steps:
         assert step.task.batch == batches[step.step]
