@@ -40,6 +40,10 @@ SEED_LIMIT = 2**64
 MIN_TEMPERATURE = 1e-4
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How one request is decoded.
@@ -67,7 +71,7 @@ class SamplingParams:
         t = self.temperature
         if (
             isinstance(t, bool)
-            or not isinstance(t, (int, float))
+            or not isinstance(t, (int, float, np.integer, np.floating))
             or not math.isfinite(t)
             or not (t == 0 or t >= MIN_TEMPERATURE)
         ):
@@ -75,26 +79,31 @@ class SamplingParams:
                 f"temperature={t!r} is not accepted; it must be 0 (greedy) or a finite number "
                 f">= {MIN_TEMPERATURE}"
             )
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise UsageError(
                 f"top_k={self.top_k!r} is not accepted; it must be an integer >= 0 (0 = off)"
             )
         p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not (
+            0 < p <= 1
+        ):
             raise UsageError(f"top_p={p!r} is not accepted; it must be in (0, 1] (1.0 = off)")
         m = self.max_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        if not _is_int(m) or m < 1:
             raise UsageError(f"max_tokens={m!r} is not accepted; it must be an integer >= 1")
         stops = self.stop_token_ids
-        if isinstance(stops, int) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in stops
+        if _is_int(stops) or isinstance(stops, (str, bytes)) or not all(
+            _is_int(i) and i >= 0 for i in stops
         ):
             raise UsageError(
                 f"stop_token_ids={stops!r} is not accepted; it must be a sequence of token ids >= 0"
             )
-        object.__setattr__(self, "stop_token_ids", tuple(stops))
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in stops))
         object.__setattr__(self, "temperature", float(t))
+        object.__setattr__(self, "top_k", int(self.top_k))
         object.__setattr__(self, "top_p", float(p))
+        object.__setattr__(self, "max_tokens", int(m))
+        object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
 
     def stop_ids(self, eos_token_ids: tuple[int, ...]) -> frozenset[int]:
         """The tokens that end this request for a model with these end-of-sequence ids."""

@@ -42,8 +42,11 @@ def test_bad_params_are_rejected(field, value, message):
 
 
 def test_params_normalise_and_stop_ids():
-    p = SamplingParams(temperature=1, top_p=1, stop_token_ids=[5, 7])
+    p = SamplingParams(
+        temperature=1, top_p=1, stop_token_ids=[5, np.int64(7)], max_tokens=np.int32(4)
+    )
     assert p.stop_token_ids == (5, 7) and isinstance(p.temperature, float)
+    assert type(p.stop_token_ids[1]) is int and type(p.max_tokens) is int and p.max_tokens == 4
     assert p.stop_ids((2,)) == {2, 5, 7}
     assert SamplingParams(stop_token_ids=[5], ignore_eos=True).stop_ids((2,)) == {5}
     assert finish_reason(5, 1, 3, frozenset({5})) == "stop"
