@@ -382,17 +382,22 @@ class Config:
 
     def resolved(self, *, data_size: int | None = None) -> Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
-        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` when given."""
+        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` when given, and
+        ``params.keep_newest`` at least ``max_staleness + 1``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
             filter_groups = bool(getattr(self.objective(), "dynamic_sampling", False))
         cap = s.max_groups_per_batch if s.max_groups_per_batch is not None else 4 * s.groups_per_batch
         data = self.data if data_size is None else dataclasses.replace(self.data, size=data_size)
+        # The trainer recomputes old log-probs with the weights each rollout was sampled from, up
+        # to max_staleness versions back: those must still be in the parameter store (I5).
+        params = dataclasses.replace(self.params, keep_newest=max(self.params.keep_newest, s.max_staleness + 1))
         return dataclasses.replace(
             self,
             scheduling=dataclasses.replace(s, filter_groups=filter_groups, max_groups_per_batch=cap),
             data=data,
+            params=params,
         )
 
     def digest(self) -> str:

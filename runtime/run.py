@@ -296,18 +296,24 @@ def _retire_from(pstore) -> Callable[[tuple[int, ...]], None]:
     return retire
 
 
-def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, eval_before: float,
-           t_start: float, progress: bool, log: Callable[[str], None]) -> dict:
-    """Run the worker threads until the run finishes; evaluate; write summary.json and report.png."""
-    from runtime.controller import InitTask
+def make_step_config(config: Config, session: Session):
+    """The train step's static configuration for ``config`` (used by runs and replays alike)."""
     from runtime.trainer.step import StepConfig
-    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
 
-    step_config = StepConfig(
+    return StepConfig(
         model=session.model.config, objective=config.objective(),
         learning_rate=config.trainer.learning_rate, weight_decay=config.trainer.weight_decay,
         max_grad_norm=config.trainer.max_grad_norm, temperature=config.sampling.temperature,
     )
+
+
+def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, eval_before: float,
+           t_start: float, progress: bool, log: Callable[[str], None]) -> dict:
+    """Run the worker threads until the run finishes; evaluate; write summary.json and report.png."""
+    from runtime.controller import InitTask
+    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
+
+    step_config = make_step_config(config, session)
     loaded: dict[int, tuple[dict, str]] = {}
 
     def load_params(version: int):
@@ -320,7 +326,8 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, eval
     verifier = TaskVerifier("verifier-0", session.task, session.codec)
     trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, step_config,
                           group_size=config.sampling.group_size, width=session.width)
-    ctrl.join(inference.worker_id, "inference", slots=inference.slots)
+    # The engine's batch shape decides the bits of every completion: recorded for replays.
+    ctrl.join(inference.worker_id, "inference", slots=inference.slots, info={"engine": session.engine.batch_shape})
     ctrl.join(verifier.worker_id, "verifier")
     ctrl.join(trainer.worker_id, "trainer")
 
@@ -435,4 +442,4 @@ def _summary(store, config: Config, final_version: int, final_digest: str, eval_
     }
 
 
-__all__ = ["Session", "build_session", "evaluate", "fingerprint", "resume", "run"]
+__all__ = ["Session", "build_session", "evaluate", "fingerprint", "make_step_config", "resume", "run"]

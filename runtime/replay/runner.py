@@ -216,11 +216,7 @@ class _Rerun:
 
 
 def _step_config(config, session):
-    """The train step's static configuration, as ``rlx run`` builds it."""
-    from runtime.trainer.step import StepConfig
+    """The train step's static configuration, exactly as ``rlx run`` builds it."""
+    from runtime.run import make_step_config
 
-    return StepConfig(
-        model=session.model.config, objective=config.objective(),
-        learning_rate=config.trainer.learning_rate, weight_decay=config.trainer.weight_decay,
-        max_grad_norm=config.trainer.max_grad_norm, temperature=config.sampling.temperature,
-    )
+    return make_step_config(config, session)

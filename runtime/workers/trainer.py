@@ -14,6 +14,7 @@ import numpy as np
 
 from ledger.events import TrainStepCompleted, WeightsPublished
 from runtime.controller.workers import InitTask, TrainTask
+from runtime.errors import RlxError
 from runtime.model import PAD_ID, Model
 from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
@@ -97,9 +98,11 @@ class StepTrainer:
         for v in sorted(set(batch.versions_B.tolist()) - {task.parent_version}):
             rows = batch.versions_B == v
             vp = self._version_params(v)
-            if vp is None:  # retired: fall back to the engine's log-probs of those rows
-                logp_old[rows] = batch.behaviour_BS[rows]
-                continue
+            if vp is None:
+                raise RlxError(
+                    f"step {task.step} needs version {v} for the old log-probs of its rollouts, but the "
+                    f"parameter store no longer has it (stored: {list(self.store.versions())})"
+                )
             logp_old[rows] = np.asarray(score(vp, arrays["tokens_BT"], arrays["attention_BT"], config=self.config))[rows]
         if self.config.needs_reference:
             logp_ref = score(self._reference, arrays["tokens_BT"], arrays["attention_BT"], config=self.config)

@@ -1,10 +1,9 @@
 """``rlx replay`` on a small real run: bit-exact replay and re-sampling, and every way it must fail.
 
-The run (3 steps, max_staleness 1, keep_newest 1) is built once for the module. Its data are
-two-digit sums a tiny model learns in its warm start well enough that groups get mixed rewards,
-so every step really moves the weights. With keep_newest 1 the run retires version 1 in the
-transaction that forms batch 3, so step 3 trains without version 1's weights (old log-probs
-fall back to the engine's): replay must hide that version from step 3 too.
+The run (3 steps, max_staleness 1, keep_newest 1 — resolved to 2, max_staleness + 1, so the
+trainer always has the weights its rollouts were sampled from) is built once for the module. Its
+data are two-digit sums a tiny model learns in its warm start well enough that groups get mixed
+rewards, so every step really moves the weights.
 """
 
 from __future__ import annotations
@@ -106,11 +105,11 @@ def test_the_plan_rebuilds_each_train_task_and_hides_retired_versions(finished):
         assert step.task.batch == batches[step.step]
         assert [r.request.rollout_id for r in step.task.rollouts] == list(batches[step.step].rollout_ids)
         assert step.task.parent_digest == plan.versions[step.step - 1].event.digest
-    # Batches 1 and 2 come from version 0, batch 3 from version 1 (max_staleness 1); version 1 is
-    # retired when batch 3 forms, before step 3 may start.
+    # Batches 1 and 2 come from version 0, batch 3 from version 1 (max_staleness 1); every step
+    # finds the versions its rollouts came from (keep_newest >= max_staleness + 1).
     assert [sorted(s.row_versions()) for s in plan.steps] == [[0], [0], [1]]
-    assert [s.unavailable for s in plan.steps] == [frozenset(), frozenset(), frozenset({1})]
-    assert plan.retained == (0, 2, 3)
+    assert [s.unavailable for s in plan.steps] == [frozenset(), frozenset(), frozenset()]
+    assert plan.retained == (0, 1, 2, 3)
     assert {v: len(rs) for v, rs in plan.rollouts.items()} == {0: 16, 1: 8}
 
 
@@ -120,8 +119,8 @@ def test_replay_from_a_stored_version(finished):
     report = replay_run(out, from_version=2)
     assert report.match and report.versions_verified == 1
     assert report.final_digest == summary["final_digest"]
-    with pytest.raises(UsageError, match=r"version 1 is not in the run's parameter store"):
-        replay_run(out, from_version=1)  # retired and deleted by the run
+    earlier = replay_run(out, from_version=1)
+    assert earlier.match and earlier.versions_verified == 2 and earlier.final_digest == summary["final_digest"]
     with pytest.raises(UsageError, match=r"--from-version 7 is not accepted; run 'run' has versions 0\.\.3"):
         replay_run(out, from_version=7)
 
