@@ -101,8 +101,22 @@ def _count(db: str, kind: str) -> int:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkills_ends_with_the_uninterrupted_digest(tmp_path, cache_dir):
-    extra = ["run.steps=6", "scheduling.max_staleness=1"]
+def test_a_freshest_mode_run_replays_bit_exactly_from_its_own_log(tmp_path, cache_dir):
+    from runtime.replay import replay_run
+
+    out = str(tmp_path / "fresh")
+    summary = run(tiny(cache_dir, "run.steps=3", 'scheduling.mode="freshest"', "scheduling.max_staleness=1"),
+                  out, progress=False, log=lambda m: None)
+    report = replay_run(out, regenerate=True)
+    assert report.match and report.first_divergence is None
+    assert report.versions_verified == 4 and report.final_digest == summary["final_digest"]
+    assert report.rollouts_regenerated >= 3 * 16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_resume_after_sigkills_ends_with_the_uninterrupted_digest(tmp_path, cache_dir, staleness):
+    extra = ["run.steps=6", f"scheduling.max_staleness={staleness}"]
     reference = run(tiny(cache_dir, *extra), str(tmp_path / "ref"), progress=False, log=lambda m: None)
     out = str(tmp_path / "killed")
     args = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]

@@ -112,13 +112,15 @@ def test_freshest_mode_discards_stale_groups_and_requests_from_the_newest():
 
 
 def test_retention_keeps_the_newest_and_version_0_and_what_requests_need():
-    store, loop = start("scheduling.max_staleness=1", "params.keep_newest=1", "run.steps=5")
+    store, loop = start("scheduling.max_staleness=1", "params.keep_newest=2", "run.steps=5")
     loop.join("w", INFERENCE, slots=8)
     loop.join("v", VERIFIER)
     run_steps(loop, store, 5)
     retired = [v for e in store.events("r") if isinstance(e, ev.VersionsRetired) for v in e.versions]
-    assert retired == [1, 2, 3]  # 4 is needed by batch 5 until it is formed; 0 is the root; 5 is newest
-    assert sorted(loop.state.versions.keys()) == [0, 4, 5]
+    # keep_newest 2 (max_staleness + 1, the least a run resolves to): versions up to latest - 2 go
+    # once nothing needs them; 0 is the root; the run ends as version 5 appears, so 3 stays.
+    assert retired == [1, 2]
+    assert sorted(loop.state.versions.keys()) == [0, 3, 4, 5]
 
 
 def test_decide_is_pure_and_reaches_a_fixpoint():

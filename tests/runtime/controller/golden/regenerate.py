@@ -35,7 +35,7 @@ RUNS = {
 # Every value the controller reads is pinned, so that new config fields or defaults leave the
 # histories' decisions unchanged (only RunStarted's stored config would differ).
 COMMON = ["run.steps=4", "run.seed=7", "sampling.group_size=3", "scheduling.groups_per_batch=2",
-          "scheduling.max_groups_per_batch=8", "params.keep_newest=1", "sampling.temperature=1.0",
+          "scheduling.max_groups_per_batch=8", "params.keep_newest=2", "sampling.temperature=1.0",
           "sampling.top_p=1.0", "sampling.top_k=0", "sampling.max_tokens=64"]
 
 
