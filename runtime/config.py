@@ -107,7 +107,7 @@ class RunConfig(Section):
     NAME = "run"
     name: str = "run"
     seed: int = 0
-    steps: int = 100
+    steps: int = 300
 
     def check(self) -> None:
         if not self.name or len(self.name) > 200:
@@ -151,7 +151,7 @@ class PretrainConfig(Section):
     """
 
     NAME = "pretrain"
-    steps: int = 380
+    steps: int = 400
     batch_size: int = 128
     learning_rate: float = 1e-3
     cache_dir: str | None = None
@@ -257,7 +257,7 @@ class TrainerConfig(Section):
     """The optimizer of the train step (AdamW with warm-up and global-norm clipping)."""
 
     NAME = "trainer"
-    learning_rate: float = 1e-4
+    learning_rate: float = 2e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
