@@ -22,39 +22,15 @@ from ledger.store import StoredEvent
 from runtime import rng
 from runtime.audit import Provenance, Violation, check_run
 from runtime.cli import main
-from runtime.config import Config
 from runtime.errors import UsageError
 from runtime.params import ParamStore
-from runtime.run import make_task, run
-
-SEED = 1
-
-
-def tiny_config(data: str, cache_dir: str) -> Config:
-    return Config.from_dict({
-        "run": {"steps": 3, "seed": SEED},
-        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
-        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir, "eval_size": 4},
-        "data": {"task": "jsonl", "path": data, "eval_fraction": 0.2},
-        "sampling": {"group_size": 4, "max_tokens": 4},
-        "scheduling": {"groups_per_batch": 2, "max_staleness": 1},
-        "trainer": {"learning_rate": 1e-2},
-        "workers": {"inference_slots": 8},
-        "params": {"keep_newest": 1},
-    })
-
+from runtime.run import make_task
+from tests.runtime.small_run import SEED
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """(run directory, summary, config) of a finished run."""
-    root = tmp_path_factory.mktemp("audit")
-    with open(root / "sums.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                     for a in range(5) for b in range(5))
-    config = tiny_config(str(root / "sums.jsonl"), str(tmp_path_factory.getbasetemp() / "warm_start"))
-    out = str(root / "run")
-    summary = run(config, out, progress=False, log=lambda m: None)
-    return out, summary, config
+def finished(small_run):
+    """(run directory, summary, config) of the shared small run."""
+    return small_run
 
 
 @pytest.fixture(scope="module")

@@ -19,44 +19,18 @@ import pytest
 from ledger import events as ev
 from ledger import open_store
 from runtime.cli import main
-from runtime.config import Config
 from runtime.errors import UsageError
 from runtime.params import ParamStore
 from runtime.replay import compare_rollout, fingerprint_diff, plan_replay, replay_run
 from runtime.replay.plan import SampledRollout
-from runtime.run import run
 
-STEPS = 3
-
-
-def write_sums(path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                     for a in range(5) for b in range(5))
-
-
-def tiny_config(data: str, cache_dir: str) -> Config:
-    return Config.from_dict({
-        "run": {"steps": STEPS, "seed": 1},
-        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
-        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir, "eval_size": 4},
-        "data": {"task": "jsonl", "path": data, "eval_fraction": 0.2},
-        "sampling": {"group_size": 4, "max_tokens": 4},
-        "scheduling": {"groups_per_batch": 2, "max_staleness": 1},
-        "trainer": {"learning_rate": 1e-2},
-        "workers": {"inference_slots": 8},
-        "params": {"keep_newest": 1},
-    })
+from tests.runtime.small_run import STEPS
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """(run directory, summary) of a finished run."""
-    root = tmp_path_factory.mktemp("replay")
-    write_sums(root / "sums.jsonl")
-    cache = tmp_path_factory.getbasetemp() / "warm_start"
-    out = str(root / "run")
-    summary = run(tiny_config(str(root / "sums.jsonl"), str(cache)), out, progress=False, log=lambda m: None)
+def finished(small_run):
+    """(run directory, summary) of the shared small run."""
+    out, summary, _ = small_run
     return out, summary
 
 
