@@ -83,7 +83,6 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     """Time ``train_step`` and a bare loop on the batches logged by the run in ``out``."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
     import optax
 
     from ledger import open_store
