@@ -69,6 +69,7 @@ def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
     return {
         "steps": summary["steps"],
         "rl_seconds": round(summary["rl_seconds"], 2),
+        "total_seconds": round(summary["total_seconds"], 2),
         "steps_per_hour": round(3600 * summary["steps"] / summary["rl_seconds"], 1),
         "rollout_tokens_per_s": round(summary["rollout_tokens_per_s"], 1),
         "controller_ledger_seconds": round(timer.seconds, 3),
@@ -172,6 +173,53 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     }
 
 
+def replay_fraction(out: str, run_seconds: float) -> dict:
+    from runtime.replay import replay_run
+
+    t = time.perf_counter()
+    report = replay_run(out)
+    seconds = time.perf_counter() - t
+    assert report.match, report.first_divergence
+    return {"replay_seconds": round(seconds, 2), "replay_vs_run": round(seconds / run_seconds, 3)}
+
+
+def recovery(tmp: str, overrides: list[str]) -> dict:
+    """Seconds from ``rlx resume`` to the next committed step after a SIGKILL."""
+    import signal
+    import sqlite3
+    import subprocess
+
+    env = dict(os.environ)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".jax_cache"))
+    out = os.path.join(tmp, "killed")
+    db = os.path.join(out, "ledger.db")
+    cli = [sys.executable, "-m", "runtime.cli"]
+
+    def steps() -> int:
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+                return c.execute("select count(*) from rlx_events where kind='TrainStepCompleted'").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+
+    args = [*cli, "run", "--out", out, "--no-progress"] + [x for o in overrides for x in ("--set", o)]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while steps() < 2 and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = steps()
+    t = time.perf_counter()
+    proc = subprocess.Popen([*cli, "resume", out, "--no-progress"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    while steps() <= before and proc.poll() is None:
+        time.sleep(0.02)
+    seconds = time.perf_counter() - t
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return {"recovery_seconds": round(seconds, 2), "killed_after_steps": before}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -192,6 +240,10 @@ def main() -> None:
             result[f"staleness{k}"] = r
             print(f"max_staleness {k}: {r['steps_per_hour']:.0f} steps/h, {r['rollout_tokens_per_s']:.0f} tok/s, "
                   f"controller+ledger {100 * r['controller_ledger_fraction']:.2f}% of RL time", file=sys.stderr)
+        result.update(replay_fraction(os.path.join(tmp, "k1"), result["staleness1"]["total_seconds"]))
+        print(f"replay {result['replay_seconds']} s = {result['replay_vs_run']:.2f} of the run", file=sys.stderr)
+        result.update(recovery(tmp, [*base, "scheduling.max_staleness=1"]))
+        print(f"recovery from SIGKILL to the next committed step: {result['recovery_seconds']} s", file=sys.stderr)
         result.update(trainer_vs_bare(os.path.join(tmp, "k0"), base, args.repeats))
         print(f"train step {result['trainer_step_ms']} ms vs bare loop {result['bare_step_ms']} ms "
               f"({result['trainer_vs_bare']:.3f}x)", file=sys.stderr)
