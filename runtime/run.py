@@ -219,14 +219,12 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
             raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; continue it with "
                              f"`rlx resume {out}`, or choose another --out or run.name")
         pstore = ParamStore.open(params_url, create=True)
-        eval_before = evaluate(session, session.model.params, limit=config.pretrain.eval_size)
-        log(f"held-out pass rate before RL: {eval_before:.1%}")
         ctrl = ControllerLoop.create(
             store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
             seed=config.run.seed, fingerprint=fingerprint(), lease_timeout_s=config.workers.lease_timeout_s,
             on_retire=_retire_from(pstore),
         )
-        return _drive(session, config, out, store, pstore, ctrl, eval_before, t_start, progress, log)
+        return _drive(session, config, out, store, pstore, ctrl, t_start, progress, log)
     finally:
         store.close()
 
@@ -274,14 +272,13 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
                 f"version {state.latest} is in the ledger but missing from the parameter store {params_url}; "
                 "`rlx replay` re-derives it"
             )
-        eval_before = evaluate(session, session.model.params, limit=config.pretrain.eval_size)
         ctrl = ControllerLoop.resume(store, run_id, fingerprint=fingerprint(),
                                      lease_timeout_s=config.workers.lease_timeout_s, on_retire=_retire_from(pstore))
         for v in ctrl.evictable_versions(pstore.versions()):
             pstore.delete(v)
         log(f"resumed run {run_id!r} at step {ctrl.state.trained} of {config.run.steps} "
             f"(writer epoch {ctrl.epoch}, ledger head seq {ctrl.head_seq})")
-        return _drive(session, config, out, store, pstore, ctrl, eval_before, t_start, progress, log)
+        return _drive(session, config, out, store, pstore, ctrl, t_start, progress, log)
     finally:
         store.close()
 
@@ -307,9 +304,10 @@ def make_step_config(config: Config, session: Session):
     )
 
 
-def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, eval_before: float,
-           t_start: float, progress: bool, log: Callable[[str], None]) -> dict:
-    """Run the worker threads until the run finishes; evaluate; write summary.json and report.png."""
+def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_start: float, progress: bool,
+           log: Callable[[str], None]) -> dict:
+    """Run the worker threads until the run finishes; evaluate versions 0 and final on the held-out
+    split (after the run, so a resume goes back to work at once); write summary.json, report.png."""
     from runtime.controller import InitTask
     from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
 
@@ -367,8 +365,9 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, eval
     state = ctrl.state
     final_version = state.latest
     final_digest = state.versions[final_version]
+    eval_before = evaluate(session, pstore.get(0), limit=config.pretrain.eval_size)
     eval_after = evaluate(session, pstore.get(final_version), limit=config.pretrain.eval_size)
-    log(f"held-out pass rate after RL: {eval_after:.1%}")
+    log(f"held-out pass rate: {eval_before:.1%} before RL (version 0), {eval_after:.1%} after")
     summary = _summary(store, config, final_version, final_digest, eval_before, eval_after,
                        rl_seconds, time.monotonic() - t_start, inference.generated_tokens, session)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
