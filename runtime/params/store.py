@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from runtime.failpoints import failpoint
 from runtime.params import manifest as layout
 from runtime.params.digest import canonical_leaves, combine, data_sha256s, leaf_records
 from runtime.params.errors import DigestMismatch, ParamStoreError
@@ -198,6 +199,7 @@ class ParamStore:
         self._write_key(layout.pending_key(data), b"")
         for name, tree_leaves in trees.items():
             self._write_arrays(data, name, tree_leaves)
+        failpoint("params.put")
         stamp = self._await(
             self._kv.write(key, manifest.encode(), if_equal=existing.stamp.generation),
             f"publishing version {version}",

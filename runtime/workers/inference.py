@@ -16,6 +16,7 @@ import numpy as np
 from ledger.events import RolloutCompleted
 from runtime.controller.workers import Lease
 from runtime.errors import RlxError
+from runtime.failpoints import failpoint
 from runtime.inference import Engine, SamplingParams
 from runtime.tasks.base import Task, TextCodec
 
@@ -78,4 +79,5 @@ class EngineWorker:
                     lease.rollout_id, self.worker_id, lease.attempt, version, digest,
                     np.asarray(c.tokens, np.int32), np.asarray(c.logprobs, np.float32), c.finish_reason,
                 ))
+        failpoint("inference.generate")
         return out

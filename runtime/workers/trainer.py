@@ -15,6 +15,7 @@ import numpy as np
 from ledger.events import TrainStepCompleted, WeightsPublished
 from runtime.controller.workers import InitTask, TrainTask
 from runtime.errors import RlxError
+from runtime.failpoints import failpoint
 from runtime.model import PAD_ID, Model
 from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
@@ -116,6 +117,7 @@ class StepTrainer:
         new_params, new_opt, metrics = train_step(
             params, opt_state, arrays, logp_old, logp_ref, current, config=self.config
         )
+        failpoint("trainer.step")
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))
         metrics["staleness_max"] = float(task.step - 1 - int(batch.versions_B.min()))
