@@ -28,13 +28,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 class Timed:
-    """Wraps the controller loop's public calls and sums the wall time spent in them."""
+    """Wraps the controller loop's public calls and sums the time spent in them.
+
+    ``seconds`` is the CPU time of the calling threads inside the calls (``time.thread_time``:
+    the work the controller and ledger do, fsync waits excluded); ``wall_seconds`` is wall time,
+    which also counts waiting for the GIL and the controller's lock while other threads work.
+    """
 
     METHODS = ("submit", "join", "leases", "complete", "scoring_work", "record_outcomes", "train_task",
                "publish", "expire")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.wall_seconds = 0.0
         self.lock = threading.Lock()
 
     def install(self, cls) -> None:
@@ -49,13 +55,14 @@ class Timed:
             if getattr(local, "depth", 0):  # nested calls (complete -> submit) count once
                 return fn(*args, **kwargs)
             local.depth = 1
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 local.depth = 0
                 with self.lock:
-                    self.seconds += time.perf_counter() - t
+                    self.seconds += time.thread_time() - c
+                    self.wall_seconds += time.perf_counter() - t
 
         return timed
 
@@ -64,7 +71,7 @@ def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
     from runtime.config import load_config
     from runtime.run import run
 
-    timer.seconds = 0.0
+    timer.seconds = timer.wall_seconds = 0.0
     summary = run(load_config(None, overrides), out, progress=False, log=lambda m: None)
     return {
         "steps": summary["steps"],
@@ -74,6 +81,7 @@ def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
         "rollout_tokens_per_s": round(summary["rollout_tokens_per_s"], 1),
         "controller_ledger_seconds": round(timer.seconds, 3),
         "controller_ledger_fraction": round(timer.seconds / summary["rl_seconds"], 4),
+        "controller_ledger_wall_seconds": round(timer.wall_seconds, 3),
         "eval_before": summary["eval_before"],
         "eval_after": summary["eval_after"],
         "final_digest": summary["final_digest"],
