@@ -337,6 +337,51 @@ class SqliteStore(_SqlStore):
 
         return engine
 
+    _HEAD_SQL = (
+        "SELECT r.writer_epoch, e.seq, e.digest FROM rlx_runs r LEFT JOIN rlx_events e "
+        "ON e.run_id = r.run_id AND e.seq = (SELECT MAX(seq) FROM rlx_events WHERE run_id = r.run_id) "
+        "WHERE r.run_id = ?"
+    )
+
+    def _append_encoded(self, run_id, records, expected_seq, epoch) -> Head:
+        """The hot path on the stdlib driver itself (same checks as the portable one).
+
+        One ``BEGIN IMMEDIATE``, one query for the writer epoch and the head, one
+        ``executemany``, one ``COMMIT``: the per-statement overhead of going through SQLAlchemy's
+        execution layer would otherwise cost more than the rows themselves.
+        """
+        import sqlite3
+
+        with self._translate("append"), self._engine.connect() as sa_conn:
+            conn = sa_conn.connection.dbapi_connection
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                row = conn.execute(self._HEAD_SQL, (run_id,)).fetchone()
+                if row is None:
+                    raise RunNotFound(run_id, self.runs())
+                current, head_seq, head_digest = row
+                head = Head(head_seq, head_digest) if head_seq is not None else Head(0, chain.GENESIS)
+                if epoch != current:
+                    raise Fenced(run_id, epoch, current)
+                if head.seq != expected_seq:
+                    raise AppendConflict(run_id, expected_seq, head.seq)
+                now = time.time()
+                rows = [
+                    (run_id, s, k, v, b, d, epoch, now)
+                    for s, k, v, b, d in append_chain(head.digest, head.seq + 1, records)
+                ]
+                conn.executemany(self._insert_sql, rows)
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e)):
+                    raise Busy(f"ledger {self._display()} busy during append: {e}") from e
+                if isinstance(e, sqlite3.Error):
+                    raise LedgerError(f"ledger {self._display()} failed during append: {e}") from e
+                raise
+            return Head(rows[-1][1], rows[-1][5])
+
     def _size(self) -> dict:
         total = 0
         for suffix in ("", "-wal"):
