@@ -163,13 +163,14 @@ def decode_body(kind: str, version: int, body: bytes, registry: Registry = EVENT
     Older versions are upcast step by step; unknown kinds, versions newer than this software,
     missing upcasters, unknown or missing fields raise ``CodecError``.
     """
-    cls = registry.cls(kind)
-    if cls is None:
+    current = registry.current.get(kind)
+    if current is None:
         raise CodecError(f"unknown event kind {kind!r}; known kinds: {', '.join(registry.kinds())}")
+    cls, current_version, sorted_names = current
     fields = unpack(body)
     if type(fields) is not dict:
         raise CodecError(f"malformed {kind} body: expected a map of fields, got {type(fields).__name__}")
-    if version == cls.VERSION and tuple(fields) == _sorted_fields(cls):
+    if version == current_version and tuple(fields) == sorted_names:
         # A current, canonical body holds exactly the declared fields in sorted order: build the
         # frozen instance directly (the common case when reading a log; about 3x faster).
         ev = object.__new__(cls)

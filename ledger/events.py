@@ -94,6 +94,8 @@ class Registry:
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         self._field_names: dict[str, tuple[str, ...]] = {}
         self._required: dict[str, frozenset[str]] = {}
+        # kind -> (class, current version, field names sorted): the decoder's fast path.
+        self.current: dict[str, tuple[type[Event], int, tuple[str, ...]]] = {}
 
     def register(self, cls: type[Event]) -> type[Event]:
         if cls.KIND in self._classes and self._classes[cls.KIND] is not cls:
@@ -101,6 +103,7 @@ class Registry:
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
         self._classes[cls.KIND] = cls
         self._field_names[cls.KIND] = tuple(f.name for f in fields)
+        self.current[cls.KIND] = (cls, cls.VERSION, tuple(sorted(f.name for f in fields)))
         self._required[cls.KIND] = frozenset(
             f.name
             for f in fields
