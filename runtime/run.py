@@ -173,12 +173,20 @@ def evaluate(session: Session, params, *, limit: int) -> float:
 
 
 class _Workers:
-    """The worker threads of one process; the first error stops them all."""
+    """The worker threads of one process; the first error stops them all.
 
-    def __init__(self) -> None:
+    A worker that found nothing to do sleeps until another one did something (every change of
+    the controller's state comes from some worker's call), or at most ``idle_s``: idle workers do
+    not spin on the controller's lock.
+    """
+
+    def __init__(self, idle_s: float = 0.05) -> None:
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.threads: list[threading.Thread] = []
+        self.idle_s = idle_s
+        self._changed = threading.Condition()
+        self._generation = 0
 
     def spawn(self, name: str, body: Callable[[], bool]) -> None:
         """Run ``body`` until stopped; it returns False when it found nothing to do."""
@@ -186,8 +194,15 @@ class _Workers:
         def loop() -> None:
             try:
                 while not self.stop.is_set():
-                    if not body():
-                        self.stop.wait(0.005)
+                    seen = self._generation
+                    if body():
+                        with self._changed:
+                            self._generation += 1
+                            self._changed.notify_all()
+                    else:
+                        with self._changed:
+                            if self._generation == seen and not self.stop.is_set():
+                                self._changed.wait(self.idle_s)
             except BaseException as e:  # surfaced by the main thread
                 self.error = e
                 self.stop.set()
@@ -198,6 +213,8 @@ class _Workers:
 
     def join(self) -> None:
         self.stop.set()
+        with self._changed:
+            self._changed.notify_all()
         for t in self.threads:
             t.join()
 
