@@ -73,6 +73,16 @@ _INSERT = (
 )
 
 
+def _rows(run_id: str, records, expected_seq: int, epoch: int, current_epoch: int, head: Head) -> list[tuple]:
+    """Inside a write transaction: check the fence and the head, then the chained rows to insert."""
+    if epoch != current_epoch:
+        raise Fenced(run_id, epoch, current_epoch)
+    if head.seq != expected_seq:
+        raise AppendConflict(run_id, expected_seq, head.seq)
+    now = time.time()
+    return [(run_id, s, k, v, b, d, epoch, now) for s, k, v, b, d in append_chain(head.digest, head.seq + 1, records)]
+
+
 class _SqlStore(EventStore):
     """Shared SQLAlchemy logic; subclasses configure the engine and the run lock."""
 
@@ -203,16 +213,7 @@ class _SqlStore(EventStore):
     def _append_encoded(self, run_id, records, expected_seq, epoch) -> Head:
         with self._translate("append"), self._engine.begin() as conn:
             current = self._lock_run(conn, run_id)
-            if epoch != current:
-                raise Fenced(run_id, epoch, current)
-            head = self._head_in(conn, run_id)
-            if head.seq != expected_seq:
-                raise AppendConflict(run_id, expected_seq, head.seq)
-            now = time.time()
-            rows = [
-                (run_id, s, k, v, b, d, epoch, now)
-                for s, k, v, b, d in append_chain(head.digest, head.seq + 1, records)
-            ]
+            rows = _rows(run_id, records, expected_seq, epoch, current, self._head_in(conn, run_id))
             conn.exec_driver_sql(self._insert_sql, rows)
             self._after_append(conn, run_id)
             return Head(rows[-1][1], rows[-1][5])
@@ -361,15 +362,7 @@ class SqliteStore(_SqlStore):
                     raise RunNotFound(run_id, self.runs())
                 current, head_seq, head_digest = row
                 head = Head(head_seq, head_digest) if head_seq is not None else Head(0, chain.GENESIS)
-                if epoch != current:
-                    raise Fenced(run_id, epoch, current)
-                if head.seq != expected_seq:
-                    raise AppendConflict(run_id, expected_seq, head.seq)
-                now = time.time()
-                rows = [
-                    (run_id, s, k, v, b, d, epoch, now)
-                    for s, k, v, b, d in append_chain(head.digest, head.seq + 1, records)
-                ]
+                rows = _rows(run_id, records, expected_seq, epoch, current, head)
                 conn.executemany(self._insert_sql, rows)
                 conn.execute("COMMIT")
             except BaseException as e:
