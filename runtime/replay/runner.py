@@ -83,6 +83,13 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
         return report(divergences, steps_total=len(plan.steps), fp=fp)
 
     rerun = _Rerun(plan, directory, pstore, log)
+    if regenerate:
+        for shape in recorded_engine_shapes(source.events):
+            rebuilt = rerun.session.engine.batch_shape
+            differs = sorted(k for k in set(shape) | set(rebuilt) if shape.get(k) != rebuilt.get(k))
+            if differs:
+                warn(f"the rebuilt engine's batch shape differs from the run's ({', '.join(differs)}): "
+                     "re-sampled bits may differ")
     divergences += rerun.start(from_version)
     if not rerun.stopped:
         if regenerate:
@@ -97,6 +104,18 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
                 divergences += rerun.regenerate(step.step)
     return report(divergences, steps_total=len(plan.steps), verified=rerun.verified, final=rerun.final,
                   regenerated=rerun.regenerated, fp=fp)
+
+
+def recorded_engine_shapes(events) -> list[dict]:
+    """The distinct engine batch shapes inference workers recorded when they joined."""
+    shapes = []
+    for stored in events:
+        e = stored.event
+        if e.KIND == "WorkerJoined" and e.role == "inference" and isinstance(e.info.get("engine"), dict):
+            shape = {k: list(v) if isinstance(v, tuple) else v for k, v in e.info["engine"].items()}
+            if shape not in shapes:
+                shapes.append(shape)
+    return shapes
 
 
 def _check_stored(plan: ReplayPlan, pstore, url: str) -> list[Divergence]:

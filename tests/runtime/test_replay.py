@@ -23,6 +23,7 @@ from runtime.errors import UsageError
 from runtime.params import ParamStore
 from runtime.replay import compare_rollout, fingerprint_diff, plan_replay, replay_run
 from runtime.replay.plan import SampledRollout
+from runtime.replay.runner import recorded_engine_shapes
 
 from tests.runtime.small_run import STEPS
 
@@ -58,8 +59,12 @@ def seq_of(events, kind, **fields) -> int:
 @pytest.mark.slow
 def test_a_finished_run_replays_bit_exactly_with_every_rollout_resampled(finished):
     out, summary = finished
-    report = replay_run(out, regenerate=True)
+    warnings: list[str] = []
+    report = replay_run(out, regenerate=True, warn=warnings.append)
     assert report.match, report.first_divergence
+    assert warnings == []  # same stack, and the rebuilt engine has the batch shape the run recorded
+    shapes = recorded_engine_shapes(events_of(out))
+    assert len(shapes) == 1 and shapes[0]["max_slots"] == 8 and shapes[0]["prefill_buckets"] == [16]
     assert report.versions_verified == STEPS + 1  # version 0 and one per step
     assert (report.final_version, report.final_digest) == (STEPS, summary["final_digest"])
     assert report.rollouts_regenerated == summary["rollouts"] == STEPS * 2 * 4
