@@ -144,12 +144,15 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    def time_loop(step_fn) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            step_fn()
-            best = min(best, time.perf_counter() - t)
+    def interleaved(*fns) -> list[float]:
+        """Best time of each function over ``repeats`` rounds, alternating them within a round."""
+        best = [float("inf")] * len(fns)
+        for r in range(repeats):
+            order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+            for i in order:
+                t = time.perf_counter()
+                fns[i]()
+                best[i] = min(best[i], time.perf_counter() - t)
         return best
 
     params0 = jax.tree.map(jnp.array, session.model.params)
@@ -171,7 +174,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
 
     ours()
     bare()  # compile both before timing
-    t_ours, t_bare = time_loop(ours), time_loop(bare)
+    t_ours, t_bare = interleaved(ours, bare)
     n = len(packed)
     return {
         "trainer_step_ms": round(1000 * t_ours / n, 2),
@@ -232,7 +235,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=6)
     args = ap.parse_args()
 
     from runtime.controller import ControllerLoop
