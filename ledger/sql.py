@@ -375,6 +375,25 @@ class SqliteStore(_SqlStore):
                 raise
             return Head(rows[-1][1], rows[-1][5])
 
+    _CHUNK_SQL = (
+        "SELECT seq, kind, version, body, digest, epoch, wall_time FROM rlx_events "
+        "WHERE run_id = ? AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?"
+    )
+
+    def _chunk(self, run_id: str, from_seq: int, to_seq: int | None, limit: int) -> list:
+        """Records straight from the stdlib cursor (plain tuples): reading a long log is the
+        replay's hot path. One statement is one consistent read in autocommit mode."""
+        import sqlite3
+
+        upper = (1 << 63) - 1 if to_seq is None else to_seq
+        with self._read_engine.connect() as sa_conn:
+            try:
+                return sa_conn.connection.dbapi_connection.execute(
+                    self._CHUNK_SQL, (run_id, from_seq, upper, limit)
+                ).fetchall()
+            except sqlite3.DatabaseError as e:
+                raise sa_exc.DBAPIError(self._CHUNK_SQL, None, e) from e
+
     def _size(self) -> dict:
         total = 0
         for suffix in ("", "-wal"):
