@@ -125,11 +125,7 @@ def build_session(config: Config, out: str, *, log: Callable[[str], None] = prin
         tokenizer = char_tokenizer()
         model = _builtin_model(config, tokenizer)
     codec = TextCodec.for_model(model)
-    longest_prompt = max(
-        len(codec.encode_prompt(task.problem(split, i)))
-        for split, n in (("train", task.train_size), ("eval", task.eval_size))
-        for i in range(min(n, 256))
-    )
+    longest_prompt = task.max_prompt_chars() + (codec.bos_id is not None)
     width = longest_prompt + config.sampling.max_tokens
     warm = {"steps": 0, "cached": False}
     p = config.pretrain

@@ -37,6 +37,9 @@ class Arithmetic(Task):
     def eval_size(self) -> int:
         return len(self._eval)
 
+    def max_prompt_chars(self) -> int:
+        return 2 * self.digits + 2  # "a+b=" with both operands zero-padded
+
     def describe(self) -> dict:
         return {"name": self.name, "digits": self.digits, "eval_size": self.eval_size, "seed": self.seed}
 

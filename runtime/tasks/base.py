@@ -108,6 +108,14 @@ class Task(abc.ABC):
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
         """Verify each completion against its problem."""
 
+    @abc.abstractmethod
+    def max_prompt_chars(self) -> int:
+        """An upper bound on the characters of any prompt of either split.
+
+        A token covers at least one character, so this plus ``<bos>`` bounds the prompt's tokens:
+        it fixes the engine's prefill bucket and the trainer's batch width for the whole run.
+        """
+
     def describe(self) -> dict[str, Any]:
         """The task's identity for the run config (name and parameters)."""
         return {"name": self.name}

@@ -49,6 +49,10 @@ class CodeFunctions(Task):
     def eval_size(self) -> int:
         return self._eval_size
 
+    def max_prompt_chars(self) -> int:
+        widest = max(len(str(a * x + b)) for a in COEFFICIENTS for b in OFFSETS for x in range(10))
+        return 3 * len(f"f(0)={'9' * widest};") + len("f(x)=")
+
     def describe(self) -> dict:
         return {"name": self.name, "problems": self.problems, "eval_size": self.eval_size, "seed": self.seed}
 

@@ -95,6 +95,9 @@ class JsonlTask(Task):
     def eval_size(self) -> int:
         return len(self._eval)
 
+    def max_prompt_chars(self) -> int:
+        return max(len(p.prompt) for p in self._train + self._eval)
+
     def describe(self) -> dict:
         return {"name": self.name, "path": self.path, "eval_fraction": self.eval_fraction, "seed": self.seed}
 

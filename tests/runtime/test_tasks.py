@@ -100,3 +100,13 @@ def test_unknown_task_and_parameters():
         make_task("nope")
     with pytest.raises(UsageError, match="digits"):
         make_task("arithmetic", digits=9)
+
+
+@pytest.mark.parametrize("name, params", [("arithmetic", {"digits": 2, "eval_size": 50}), ("codefn", {"problems": 3000, "eval_size": 100})])
+def test_max_prompt_chars_bounds_every_prompt(name, params):
+    task = make_task(name, **params)
+    lengths = [len(task.problem(split, i).prompt) for split, n in (("train", task.train_size), ("eval", task.eval_size))
+               for i in range(n)]
+    assert max(lengths) <= task.max_prompt_chars()
+    if name == "arithmetic":
+        assert max(lengths) == task.max_prompt_chars()
