@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from runtime.model import PAD_ID, Model, ModelConfig, forward, load_hf, save_hf
+from runtime.model import PAD_ID, Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
 
 
@@ -130,4 +130,4 @@ def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, width
     return load_hf(path), path, False
 
 
-__all__ = ["PretrainConfig", "cached_warm_start", "pack_supervised", "warm_start", "ModelConfig"]
+__all__ = ["PretrainConfig", "cached_warm_start", "pack_supervised", "warm_start"]
