@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
+import threading
 from typing import Any
 
 import msgpack
@@ -27,7 +28,7 @@ from ledger.errors import CodecError
 from ledger.events import EVENTS, Event, Registry
 
 ARRAY_EXT = 1
-_SCALARS = (str, int, float, bool, bytes, type(None))
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 _U64 = struct.Struct("<Q")
 
 
@@ -45,25 +46,30 @@ def _dtype_from_name(name: str) -> np.dtype:
         raise CodecError(f"unknown array dtype {name!r} in event body") from None
 
 
-@functools.lru_cache(maxsize=256)
-def _dtype_prefix(dtype: np.dtype) -> bytes:
-    name = dtype.name.encode("ascii")
-    return bytes([len(name)]) + name
-
-
 @functools.lru_cache(maxsize=16)
 def _dims(ndim: int) -> struct.Struct:
     return struct.Struct(f"<{ndim}Q")
 
 
-def _pack_array(a: np.ndarray) -> msgpack.ExtType:
-    dtype = a.dtype
+@functools.lru_cache(maxsize=256)
+def _array_head(dtype: np.dtype, ndim: int) -> tuple[bytes, struct.Struct] | None:
+    """The dtype-and-rank prefix of an array payload and the struct of its dims, or None for a
+    big-endian dtype (converted first). Raises for dtypes that have no canonical bytes."""
     if dtype.hasobject or dtype.fields is not None:
         raise CodecError(f"cannot encode array of dtype {dtype}: only numeric and bool arrays")
     if dtype.byteorder == ">":
-        a = a.astype(dtype.newbyteorder("<"))
-    head = _dtype_prefix(a.dtype) + bytes([a.ndim]) + _dims(a.ndim).pack(*a.shape)
-    return msgpack.ExtType(ARRAY_EXT, head + a.tobytes(order="C"))
+        return None
+    name = dtype.name.encode("ascii")
+    return bytes([len(name)]) + name + bytes([ndim]), _dims(ndim)
+
+
+def _pack_array(a: np.ndarray) -> msgpack.ExtType:
+    head = _array_head(a.dtype, a.ndim)
+    if head is None:
+        a = a.astype(a.dtype.newbyteorder("<"))
+        head = _array_head(a.dtype, a.ndim)
+    prefix, dims = head
+    return msgpack.ExtType(ARRAY_EXT, prefix + dims.pack(*a.shape) + a.tobytes(order="C"))
 
 
 def _unpack_array(data: bytes) -> np.ndarray:
@@ -139,21 +145,38 @@ def unpack(data: bytes) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _sorted_fields(cls: type) -> tuple[str, ...]:
+def _sorted_fields(cls: type) -> tuple[str, ...] | None:
+    """The field names of an event class, sorted; None for anything that is not an event."""
+    if not (isinstance(cls, type) and issubclass(cls, Event) and dataclasses.is_dataclass(cls)):
+        return None
     return tuple(sorted(f.name for f in dataclasses.fields(cls)))
+
+
+_local = threading.local()
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's reusable packer (``packb`` builds a new one per call)."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True, use_single_float=False)
+    return packer
 
 
 def encode_body(ev: Event) -> bytes:
     """The canonical body bytes of an event (its fields as a sorted map)."""
-    if not isinstance(ev, Event) or not dataclasses.is_dataclass(ev):
+    names = _sorted_fields(type(ev))
+    if names is None:
         raise CodecError(f"not an event: {type(ev).__name__}")
+    fields = ev.__dict__
     body = {}
-    for name in _sorted_fields(type(ev)):
-        v = getattr(ev, name)
+    for name in names:
+        v = fields[name]
         body[name] = v if type(v) in _SCALARS else canonical(v)
     try:
-        return msgpack.packb(body, use_bin_type=True, use_single_float=False)
+        return _packer().pack(body)
     except (OverflowError, ValueError, TypeError) as e:
+        _local.packer = None  # a failed pack may leave bytes in the packer's buffer
         raise CodecError(f"cannot encode {ev.KIND} event: {e}") from None
 
 
