@@ -14,6 +14,7 @@ and always re-reads from its last seq.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import urllib.parse
@@ -71,6 +72,17 @@ _INSERT = (
     "INSERT INTO rlx_events (run_id, seq, kind, version, body, digest, epoch, wall_time) "
     "VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
 )
+
+
+_MAX_INSERT_ROWS = 64
+"""Rows per multi-row INSERT on SQLite (8 columns: 512 parameters, under every SQLite's limit)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _insert_rows_sql(n: int) -> str:
+    """``INSERT … VALUES (…), (…) …`` for ``n`` rows (``?`` placeholders)."""
+    head, values = _INSERT.split("VALUES ")
+    return head + "VALUES " + ", ".join([values.format(p="?")] * n)
 
 
 def _rows(run_id: str, records, expected_seq: int, epoch: int, current_epoch: int, head: Head) -> list[tuple]:
@@ -281,6 +293,17 @@ class _SqlStore(EventStore):
         self._read_engine.dispose()
 
 
+def _insert(conn, rows: list[tuple]) -> None:
+    """Insert ``rows`` in a few multi-row statements, sized by powers of two (a handful of cached
+    statement shapes). ``executemany`` steps once per row, and the sqlite3 module releases the GIL
+    around every step: beside busy threads each release can cost a thread switch."""
+    i, n = 0, len(rows)
+    while i < n:
+        k = min(_MAX_INSERT_ROWS, 1 << ((n - i).bit_length() - 1))
+        conn.execute(_insert_rows_sql(k), [x for row in rows[i : i + k] for x in row])
+        i += k
+
+
 class SqliteStore(_SqlStore):
     """The embedded default: one SQLite file (``DIR/ledger.db`` for a run directory)."""
 
@@ -363,7 +386,7 @@ class SqliteStore(_SqlStore):
                 current, head_seq, head_digest = row
                 head = Head(head_seq, head_digest) if head_seq is not None else Head(0, chain.GENESIS)
                 rows = _rows(run_id, records, expected_seq, epoch, current, head)
-                conn.executemany(self._insert_sql, rows)
+                _insert(conn, rows)
                 conn.execute("COMMIT")
             except BaseException as e:
                 if conn.in_transaction:
