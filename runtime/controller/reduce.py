@@ -41,15 +41,21 @@ def _started(s: ControllerState, e: ev.Event) -> ControllerSpec:
     return s.spec
 
 
-def _release(s: ControllerState, r: Request) -> ControllerState:
-    """Free the slot of ``r``'s lease holder (if it is still joined)."""
+def _released(s: ControllerState, r: Request) -> tuple:
+    """``(workers, free)`` after the slot of ``r``'s lease holder is freed (if still joined)."""
     w = s.workers.get(r.holder)
     if w is None:
-        return s
+        return s.workers, s.free
     free = s.free
     if w.active >= w.slots:
         free = insert_sorted(free, (w.order, w.worker_id))
-    return s.evolve(workers=s.workers.set(w.worker_id, w.evolve(active=w.active - 1)), free=free)
+    return s.workers.set(w.worker_id, w.evolve(active=w.active - 1)), free
+
+
+def _release(s: ControllerState, r: Request) -> ControllerState:
+    """Free the slot of ``r``'s lease holder (if it is still joined)."""
+    workers, free = _released(s, r)
+    return s.evolve(workers=workers, free=free)
 
 
 def _requeue_leases(s: ControllerState, holder: Callable[[str], bool]) -> ControllerState:
@@ -152,8 +158,11 @@ def _live(s: ControllerState, e: ev.Event, rollout_id: int) -> Request:
 
 
 def _rollout_assigned(s: ControllerState, e: ev.RolloutAssigned) -> ControllerState:
-    _started(s, e)
-    r = _live(s, e, e.rollout_id)
+    if s.spec is None:
+        raise _invalid(e, "before RunStarted")
+    r = s.requests.get(e.rollout_id)
+    if r is None:
+        raise _invalid(e, f"for rollout {e.rollout_id}, which is not a live request")
     if r.done or r.holder is not None or e.attempt != r.attempts:
         raise _invalid(e, f"attempt {e.attempt} of rollout {e.rollout_id}, which is not pending (state {r})")
     w = s.workers.get(e.worker_id)
@@ -170,17 +179,26 @@ def _rollout_assigned(s: ControllerState, e: ev.RolloutAssigned) -> ControllerSt
 
 
 def _rollout_completed(s: ControllerState, e: ev.RolloutCompleted) -> ControllerState:
-    _started(s, e)
-    r = _live(s, e, e.rollout_id)
+    if s.spec is None:
+        raise _invalid(e, "before RunStarted")
+    r = s.requests.get(e.rollout_id)
+    if r is None:
+        raise _invalid(e, f"for rollout {e.rollout_id}, which is not a live request")
     if r.done or not 0 <= e.attempt < r.attempts or e.policy_version != r.policy_version:
         raise _invalid(e, f"attempt {e.attempt} of rollout {e.rollout_id} does not complete {r}")
-    if r.holder is not None:
-        s = _release(s, r)
+    if r.holder is not None:  # leased: not pending
+        workers, free = _released(s, r)
+        pending = s.pending
+    else:  # its lease was given up and it is pending again
+        workers, free = s.workers, s.free
+        pending = remove_sorted(s.pending, r.rollout_id)
     g = s.groups[r.group_id]
     return s.evolve(
         requests=s.requests.set(r.rollout_id, r.evolve(holder=None, done=True)),
         groups=s.groups.set(g.group_id, g.evolve(completed=g.completed + 1)),
-        pending=remove_sorted(s.pending, r.rollout_id),
+        pending=pending,
+        workers=workers,
+        free=free,
         version_refs=bump(s.version_refs, r.policy_version, -1),
     )
 
@@ -198,25 +216,29 @@ def _rollout_abandoned(s: ControllerState, e: ev.RolloutAbandoned) -> Controller
 
 
 def _outcome_recorded(s: ControllerState, e: ev.OutcomeRecorded) -> ControllerState:
-    spec = _started(s, e)
-    r = _live(s, e, e.rollout_id)
+    spec = s.spec
+    if spec is None:
+        raise _invalid(e, "before RunStarted")
+    r = s.requests.get(e.rollout_id)
+    if r is None:
+        raise _invalid(e, f"for rollout {e.rollout_id}, which is not a live request")
     if not r.done or r.reward is not None:
         raise _invalid(e, f"for rollout {e.rollout_id}, which is not completed and unscored")
     g = s.groups[r.group_id]
     reward = float(e.reward)
     first = reward if g.first_reward is None else g.first_reward
     g = g.evolve(scored=g.scored + 1, first_reward=first, uniform=g.uniform and reward == first)
-    s = s.evolve(requests=s.requests.set(r.rollout_id, r.evolve(reward=reward)), groups=s.groups.set(g.group_id, g))
+    requests, groups = s.requests.set(r.rollout_id, r.evolve(reward=reward)), s.groups.set(g.group_id, g)
     if not g.resolved:
-        return s
+        return s.evolve(requests=requests, groups=groups)
     if spec.mode == DETERMINISTIC:
         plan = s.plans[g.batch]
         if spec.filter_groups and g.uniform:
             plan = plan.evolve(uniform=plan.uniform + (g.ordinal,))
         else:
             plan = plan.evolve(good=plan.good + (g.ordinal,))
-        return s.evolve(plans=s.plans.set(g.batch, plan))
-    return s.evolve(ready=s.ready + (g.group_id,))
+        return s.evolve(requests=requests, groups=groups, plans=s.plans.set(g.batch, plan))
+    return s.evolve(requests=requests, groups=groups, ready=s.ready + (g.group_id,))
 
 
 def _drop_group(s: ControllerState, g: Group) -> ControllerState:

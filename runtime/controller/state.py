@@ -19,28 +19,28 @@ import immutables
 from runtime.controller.spec import ControllerSpec
 
 
-_INDEX: dict[type, dict[str, int]] = {}
+def _with_evolve(cls: type) -> type:
+    """Give a NamedTuple class ``evolve(**changes)``: a copy with those fields replaced.
+
+    ``_replace`` without its overhead: the fold calls ``evolve`` several times per event.
+    """
+    index = {name: i for i, name in enumerate(cls._fields)}
+    new = tuple.__new__
+
+    def evolve(self, **changes: Any):
+        items = list(self)
+        for name, value in changes.items():
+            items[index[name]] = value
+        return new(cls, items)
+
+    evolve.__doc__ = "A copy with ``changes`` applied."
+    cls.evolve = evolve
+    return cls
 
 
-def _evolve(record: Any, changes: dict[str, Any]) -> Any:
-    """A copy of a NamedTuple ``record`` with ``changes`` (``_replace`` without its overhead)."""
-    cls = type(record)
-    index = _INDEX.get(cls)
-    if index is None:
-        index = _INDEX[cls] = {name: i for i, name in enumerate(cls._fields)}
-    items = list(record)
-    for name, value in changes.items():
-        items[index[name]] = value
-    return tuple.__new__(cls, items)
-
-
+@_with_evolve
 class Request(NamedTuple):
     """One live rollout request; ``attempts`` counts its leases, ``holder`` has the current one."""
-
-    def evolve(self, **changes: Any) -> "Request":
-        """A copy with ``changes`` applied."""
-        return _evolve(self, changes)
-
 
     rollout_id: int
     group_id: int
@@ -51,16 +51,12 @@ class Request(NamedTuple):
     reward: float | None = None
 
 
+@_with_evolve
 class Group(NamedTuple):
     """A live group: ``group_size`` samples of one prompt from one policy version (I3).
 
     ``uniform`` stays true while every recorded reward equals ``first_reward``.
     """
-
-    def evolve(self, **changes: Any) -> "Group":
-        """A copy with ``changes`` applied."""
-        return _evolve(self, changes)
-
 
     group_id: int
     batch: int
@@ -79,13 +75,9 @@ class Group(NamedTuple):
         return self.scored == len(self.rollout_ids)
 
 
+@_with_evolve
 class Worker(NamedTuple):
     """A joined worker; inference workers hold up to ``slots`` leases, ``active`` of them now."""
-
-    def evolve(self, **changes: Any) -> "Worker":
-        """A copy with ``changes`` applied."""
-        return _evolve(self, changes)
-
 
     worker_id: str
     role: str
@@ -94,6 +86,7 @@ class Worker(NamedTuple):
     active: int = 0
 
 
+@_with_evolve
 class Plan(NamedTuple):
     """Deterministic mode: the groups requested for one batch that is not formed yet.
 
@@ -101,11 +94,6 @@ class Plan(NamedTuple):
     groups with differing and with identical rewards (``uniform`` stays empty unless groups are
     filtered).
     """
-
-    def evolve(self, **changes: Any) -> "Plan":
-        """A copy with ``changes`` applied."""
-        return _evolve(self, changes)
-
 
     batch: int
     version: int
@@ -121,6 +109,7 @@ class Plan(NamedTuple):
 EMPTY: immutables.Map = immutables.Map()
 
 
+@_with_evolve
 class ControllerState(NamedTuple):
     """Everything ``decide`` needs, folded from the ledger by ``reduce``.
 
@@ -148,11 +137,6 @@ class ControllerState(NamedTuple):
         group_versions: live groups per policy version.
         discards: freshest mode: groups dropped for uniform rewards since the last batch.
     """
-
-    def evolve(self, **changes: Any) -> "ControllerState":
-        """A copy with ``changes`` applied."""
-        return _evolve(self, changes)
-
 
     spec: ControllerSpec | None = None
     run_id: str = ""
