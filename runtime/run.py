@@ -235,7 +235,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         ctrl = ControllerLoop.create(
             store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
             seed=config.run.seed, fingerprint=fingerprint(), lease_timeout_s=config.workers.lease_timeout_s,
-            on_retire=_retire_from(pstore),
+            on_retire=_Retirer(pstore),
         )
         return _drive(session, config, out, store, pstore, ctrl, t_start, progress, log)
     finally:
@@ -286,7 +286,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
                 "`rlx replay` re-derives it"
             )
         ctrl = ControllerLoop.resume(store, run_id, fingerprint=fingerprint(),
-                                     lease_timeout_s=config.workers.lease_timeout_s, on_retire=_retire_from(pstore))
+                                     lease_timeout_s=config.workers.lease_timeout_s, on_retire=_Retirer(pstore))
         for v in ctrl.evictable_versions(pstore.versions()):
             pstore.delete(v)
         log(f"resumed run {run_id!r} at step {ctrl.state.trained} of {config.run.steps} "
@@ -296,14 +296,31 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
         store.close()
 
 
-def _retire_from(pstore) -> Callable[[tuple[int, ...]], None]:
-    def retire(versions: tuple[int, ...]) -> None:
-        present = set(pstore.versions())
-        for v in versions:
-            if v in present:
-                pstore.delete(v)
+class _Retirer:
+    """Deletes retired versions from the parameter store, outside the controller's lock.
 
-    return retire
+    The controller calls it (``on_retire``) with each committed ``VersionsRetired``; that only
+    queues the versions. ``sweep`` deletes them, from the main thread, so file I/O never holds up
+    the workers' calls. Versions a crash left undeleted are found by ``evictable_versions`` on resume.
+    """
+
+    def __init__(self, pstore) -> None:
+        self.pstore = pstore
+        self._queued: list[int] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, versions: tuple[int, ...]) -> None:
+        with self._lock:
+            self._queued.extend(versions)
+
+    def sweep(self) -> None:
+        with self._lock:
+            versions, self._queued = self._queued, []
+        if versions:
+            present = set(self.pstore.versions())
+            for v in versions:
+                if v in present:
+                    self.pstore.delete(v)
 
 
 def make_step_config(config: Config, session: Session):
@@ -372,6 +389,7 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_st
         _watch(ctrl, workers, trainer, inference, config, progress)
     finally:
         workers.join()
+        ctrl.on_retire.sweep()
     if workers.error is not None:
         raise workers.error
     rl_seconds = time.monotonic() - t_rl
@@ -406,6 +424,7 @@ def _watch(ctrl, workers: _Workers, trainer, inference, config: Config, progress
     try:
         while not ctrl.finished and not workers.stop.is_set():
             workers.stop.wait(0.2)
+            ctrl.on_retire.sweep()
             now = time.monotonic()
             if now - last_expire > 1.0:
                 ctrl.expire()
