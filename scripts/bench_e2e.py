@@ -41,15 +41,21 @@ class Timed:
     def __init__(self) -> None:
         self.seconds = 0.0
         self.wall_seconds = 0.0
+        self.by_method: dict[str, list[float]] = {}  # name -> [calls, cpu seconds]
         self.lock = threading.Lock()
+        self._local = threading.local()  # shared by all wrappers: nested calls count once
+
+    def reset(self) -> None:
+        self.seconds = self.wall_seconds = 0.0
+        self.by_method = {}
 
     def install(self, cls) -> None:
         for name in self.METHODS:
             original = getattr(cls, name)
-            setattr(cls, name, self._wrap(original))
+            setattr(cls, name, self._wrap(name, original))
 
-    def _wrap(self, fn):
-        local = threading.local()
+    def _wrap(self, name, fn):
+        local = self._local
 
         def timed(*args, **kwargs):
             if getattr(local, "depth", 0):  # nested calls (complete -> submit) count once
@@ -60,9 +66,13 @@ class Timed:
                 return fn(*args, **kwargs)
             finally:
                 local.depth = 0
+                cpu = time.thread_time() - c
                 with self.lock:
-                    self.seconds += time.thread_time() - c
+                    self.seconds += cpu
                     self.wall_seconds += time.perf_counter() - t
+                    entry = self.by_method.setdefault(name, [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += cpu
 
         return timed
 
@@ -71,7 +81,7 @@ def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
     from runtime.config import load_config
     from runtime.run import run
 
-    timer.seconds = timer.wall_seconds = 0.0
+    timer.reset()
     summary = run(load_config(None, overrides), out, progress=False, log=lambda m: None)
     return {
         "steps": summary["steps"],
@@ -82,6 +92,8 @@ def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
         "controller_ledger_seconds": round(timer.seconds, 3),
         "controller_ledger_fraction": round(timer.seconds / summary["rl_seconds"], 4),
         "controller_ledger_wall_seconds": round(timer.wall_seconds, 3),
+        "controller_calls": {name: {"calls": n, "cpu_ms": round(1000 * sec, 1)}
+                             for name, (n, sec) in sorted(timer.by_method.items())},
         "eval_before": summary["eval_before"],
         "eval_after": summary["eval_after"],
         "final_digest": summary["final_digest"],
