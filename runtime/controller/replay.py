@@ -20,7 +20,7 @@ from typing import Any
 from ledger import events as ev
 from ledger.store import StoredEvent
 from runtime.controller.admit import DECISION_KINDS
-from runtime.controller.decide import decide
+from runtime.controller.decide import decide, decide_and_fold
 from runtime.controller.reduce import InvalidEvent, reduce
 from runtime.controller.state import INITIAL, ControllerState
 from runtime.errors import RlxError
@@ -64,38 +64,55 @@ def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState =
         ReplayDivergence: a logged decision differs from the decided one, a decision is missing
             or extra, or an event cannot follow the state before it (field ``"event"``).
     """
+    if not check:
+        return _fold(events, state)
+    # In a decision run, the logged events are compared with ``decide``; when the whole run
+    # matches, the state after it is the one ``decide_and_fold`` computed, so they are not
+    # folded a second time.
     expected: list[ev.Event] | None = None  # decide() at the start of the current decision run
+    after = state  # the state after all of ``expected``
     cursor = 0
     seq = 0
     for seq, event in _stored(events):
-        if check:
-            if type(event) in DECISION_KINDS:
-                if expected is None:
-                    expected, cursor = decide(state), 0
-                if cursor >= len(expected):
-                    raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, None,
-                                           f"logged {event.KIND} was not decided (decide had {len(expected)} events here)")
-                want = expected[cursor]
-                field = event.first_difference(want)
-                if field == "KIND":
-                    raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, want.KIND)
-                if field is not None:
-                    raise ReplayDivergence(seq, event.KIND, field, getattr(event, field), getattr(want, field))
-                cursor += 1
-            elif expected is not None:
-                _missing(seq, event, expected, cursor)
-                expected = None
-        try:
-            state = reduce(state, event)
-        except InvalidEvent as e:
-            raise ReplayDivergence(seq, event.KIND, "event", event.KIND, None, str(e)) from None
-    if check:
+        if type(event) in DECISION_KINDS:
+            if expected is None:
+                expected, after = decide_and_fold(state)
+                cursor = 0
+            if cursor >= len(expected):
+                raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, None,
+                                       f"logged {event.KIND} was not decided (decide had {len(expected)} events here)")
+            want = expected[cursor]
+            field = event.first_difference(want)
+            if field == "KIND":
+                raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, want.KIND)
+            if field is not None:
+                raise ReplayDivergence(seq, event.KIND, field, getattr(event, field), getattr(want, field))
+            cursor += 1
+            continue
         if expected is not None:
-            _missing(seq + 1, None, expected, cursor)
-        else:
-            tail = decide(state)
-            if tail:
-                _missing(seq + 1, None, tail, 0)
+            _missing(seq, event, expected, cursor)
+            expected, state = None, after
+        state = _apply(state, seq, event)
+    if expected is not None:
+        _missing(seq + 1, None, expected, cursor)
+        state = after
+    else:
+        tail = decide(state)
+        if tail:
+            _missing(seq + 1, None, tail, 0)
+    return state
+
+
+def _apply(state: ControllerState, seq: int, event: ev.Event) -> ControllerState:
+    try:
+        return reduce(state, event)
+    except InvalidEvent as e:
+        raise ReplayDivergence(seq, event.KIND, "event", event.KIND, None, str(e)) from None
+
+
+def _fold(events: Iterable[ev.Event | StoredEvent], state: ControllerState) -> ControllerState:
+    for seq, event in _stored(events):
+        state = _apply(state, seq, event)
     return state
 
 
