@@ -30,6 +30,7 @@ from ledger.events import EVENTS, Event, Registry
 ARRAY_EXT = 1
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 _U64 = struct.Struct("<Q")
+_new_tuple = tuple.__new__
 
 
 @functools.lru_cache(maxsize=256)
@@ -69,7 +70,8 @@ def _pack_array(a: np.ndarray) -> msgpack.ExtType:
         a = a.astype(a.dtype.newbyteorder("<"))
         head = _array_head(a.dtype, a.ndim)
     prefix, dims = head
-    return msgpack.ExtType(ARRAY_EXT, prefix + dims.pack(*a.shape) + a.tobytes(order="C"))
+    # ``ExtType(code, data)`` checks its arguments in Python; these are known good.
+    return _new_tuple(msgpack.ExtType, (ARRAY_EXT, prefix + dims.pack(*a.shape) + a.tobytes(order="C")))
 
 
 def _unpack_array(data: bytes) -> np.ndarray:
@@ -102,7 +104,11 @@ def canonical(value: Any) -> Any:
         for k in value:
             if type(k) is not str:
                 raise CodecError(f"cannot encode dict key {k!r} of type {type(k).__name__}: keys must be str")
-        return {k: canonical(value[k]) for k in sorted(value)}
+        out = {}
+        for k in sorted(value):
+            v = value[k]
+            out[k] = v if type(v) in _SCALARS else canonical(v)
+        return out
     if t is tuple or t is list:
         return [canonical(v) for v in value]
     if isinstance(value, np.ndarray):
@@ -172,7 +178,8 @@ def encode_body(ev: Event) -> bytes:
     body = {}
     for name in names:
         v = fields[name]
-        body[name] = v if type(v) in _SCALARS else canonical(v)
+        t = type(v)
+        body[name] = v if t in _SCALARS else _pack_array(v) if t is np.ndarray else canonical(v)
     try:
         return _packer().pack(body)
     except (OverflowError, ValueError, TypeError) as e:
