@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from ledger import events as ev
 from runtime import rng
-from runtime.controller.reduce import reduce
+from runtime.controller.reduce import fold
 from runtime.controller.spec import DETERMINISTIC, ControllerSpec
 from runtime.controller.state import ControllerState
 
@@ -58,8 +58,7 @@ def decide_and_fold(state: ControllerState) -> tuple[list[ev.Event], ControllerS
         step = _next(state)
         if not step:
             return out, state
-        for e in step:
-            state = reduce(state, e)
+        state = fold(step, state)
         out.extend(step)
 
 

@@ -29,7 +29,7 @@ from ledger.store import EventStore, StoredEvent
 from runtime.controller.admit import admit
 from runtime.controller.cache import RolloutCache
 from runtime.controller.decide import decide_and_fold
-from runtime.controller.reduce import reduce
+from runtime.controller.reduce import Folder
 from runtime.controller.replay import replay
 from runtime.controller.state import INITIAL, ControllerState
 from runtime.controller.workers import (
@@ -135,13 +135,13 @@ class ControllerLoop:
         with self._lock:
             if self._fenced:
                 raise ControllerFenced(self._fenced)
-            state = self._state
+            folder = Folder(self._state)  # admit reads the fold so far
             accepted: list[ev.Event] = []
             verdicts: list[Verdict] = []
             for e in inputs:
-                reason = admit(state, e)
+                reason = admit(folder.draft, e)
                 if reason is None:
-                    state = reduce(state, e)
+                    folder.apply(e)
                     accepted.append(e)
                     verdicts.append(ACCEPTED)
                 else:
@@ -149,7 +149,7 @@ class ControllerLoop:
                     verdicts.append(Verdict(False, reason))
             if not accepted:
                 return verdicts
-            decisions, state = decide_and_fold(state)
+            decisions, state = decide_and_fold(folder.state())
             batch = accepted + decisions
             try:
                 head = self.store.append(self.run_id, batch, expected_seq=self.head_seq, epoch=self.epoch)

@@ -21,7 +21,7 @@ from ledger import events as ev
 from ledger.store import StoredEvent
 from runtime.controller.admit import DECISION_KINDS
 from runtime.controller.decide import decide, decide_and_fold
-from runtime.controller.reduce import InvalidEvent, reduce
+from runtime.controller.reduce import Folder, InvalidEvent
 from runtime.controller.state import INITIAL, ControllerState
 from runtime.errors import RlxError
 
@@ -71,12 +71,13 @@ def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState =
     # folded a second time.
     expected: list[ev.Event] | None = None  # decide() at the start of the current decision run
     after = state  # the state after all of ``expected``
+    folder = Folder(state)  # folds the current input run
     cursor = 0
     seq = 0
     for seq, event in _stored(events):
         if type(event) in DECISION_KINDS:
             if expected is None:
-                expected, after = decide_and_fold(state)
+                expected, after = decide_and_fold(folder.state())
                 cursor = 0
             if cursor >= len(expected):
                 raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, None,
@@ -91,29 +92,30 @@ def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState =
             continue
         if expected is not None:
             _missing(seq, event, expected, cursor)
-            expected, state = None, after
-        state = _apply(state, seq, event)
+            expected, folder = None, Folder(after)
+        _apply(folder, seq, event)
     if expected is not None:
         _missing(seq + 1, None, expected, cursor)
-        state = after
-    else:
-        tail = decide(state)
-        if tail:
-            _missing(seq + 1, None, tail, 0)
+        return after
+    state = folder.state()
+    tail = decide(state)
+    if tail:
+        _missing(seq + 1, None, tail, 0)
     return state
 
 
-def _apply(state: ControllerState, seq: int, event: ev.Event) -> ControllerState:
+def _apply(folder: Folder, seq: int, event: ev.Event) -> None:
     try:
-        return reduce(state, event)
+        folder.apply(event)
     except InvalidEvent as e:
         raise ReplayDivergence(seq, event.KIND, "event", event.KIND, None, str(e)) from None
 
 
 def _fold(events: Iterable[ev.Event | StoredEvent], state: ControllerState) -> ControllerState:
+    folder = Folder(state)
     for seq, event in _stored(events):
-        state = _apply(state, seq, event)
-    return state
+        _apply(folder, seq, event)
+    return folder.state()
 
 
 def _missing(seq: int, event: ev.Event | None, expected: list[ev.Event], cursor: int) -> None:
