@@ -92,7 +92,11 @@ def _weights(s: ControllerState, e: ev.WeightsPublished) -> str | None:
 
 
 def admit(state: ControllerState, event: ev.Event) -> str | None:
-    """None if ``event`` may be appended after ``state``, else why it is rejected (one line)."""
+    """None if ``event`` may be appended after ``state``, else why it is rejected (one line).
+
+    ``state`` is a ``ControllerState`` or the draft of one being folded (``reduce.Folder``):
+    only attributes, ``get``, ``[]`` and ``in`` on its maps are read.
+    """
     kind = type(event)
     if kind not in INPUT_KINDS:
         return f"{event.KIND} is decided by the controller, not submitted"
