@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 import urllib.parse
 from typing import Iterator
@@ -332,6 +333,9 @@ class SqliteStore(_SqlStore):
         creator_url = "file:" + urllib.parse.quote(self.path) + f"?mode={mode}"
         self._sync = synchronous.upper()
         self._busy = int(busy_timeout_ms)
+        self._creator_url = creator_url
+        self._writer = None  # the appends' own connection, opened on the first append
+        self._writer_lock = threading.Lock()
         engine = self._make_engine(creator_url, "BEGIN IMMEDIATE")
         read_engine = self._make_engine(creator_url, "BEGIN")
         try:
@@ -343,17 +347,25 @@ class SqliteStore(_SqlStore):
                 raise StoreUnavailable(f"{self.path} is not an rlx ledger (not a SQLite database)") from None
             raise
 
-    def _make_engine(self, creator_url: str, begin: str) -> sa.Engine:
+    def close(self) -> None:
+        with self._writer_lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        super().close()
+
+    def _connect(self, creator_url: str):
         import sqlite3
 
-        def connect():
-            conn = sqlite3.connect(creator_url, uri=True, check_same_thread=False, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout={self._busy}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self._sync}")
-            return conn
+        conn = sqlite3.connect(creator_url, uri=True, check_same_thread=False, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout={self._busy}")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._sync}")
+        return conn
 
-        engine = sa.create_engine("sqlite://", creator=connect, poolclass=sa.pool.QueuePool, pool_size=4)
+    def _make_engine(self, creator_url: str, begin: str) -> sa.Engine:
+        engine = sa.create_engine("sqlite://", creator=lambda: self._connect(creator_url),
+                                  poolclass=sa.pool.QueuePool, pool_size=4)
 
         @sa.event.listens_for(engine, "begin")
         def _begin(conn: sa.Connection) -> None:
@@ -370,14 +382,16 @@ class SqliteStore(_SqlStore):
     def _append_encoded(self, run_id, records, expected_seq, epoch) -> Head:
         """The hot path on the stdlib driver itself (same checks as the portable one).
 
-        One ``BEGIN IMMEDIATE``, one query for the writer epoch and the head, one
-        ``executemany``, one ``COMMIT``: the per-statement overhead of going through SQLAlchemy's
-        execution layer would otherwise cost more than the rows themselves.
+        One ``BEGIN IMMEDIATE``, one query for the writer epoch and the head, a few multi-row
+        ``INSERT``s, one ``COMMIT``, on a connection kept for appends: going through
+        SQLAlchemy's pool and execution layer would cost more than small batches themselves.
         """
         import sqlite3
 
-        with self._translate("append"), self._engine.connect() as sa_conn:
-            conn = sa_conn.connection.dbapi_connection
+        with self._translate("append"), self._writer_lock:
+            conn = self._writer
+            if conn is None:
+                conn = self._writer = self._connect(self._creator_url)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 row = conn.execute(self._HEAD_SQL, (run_id,)).fetchone()
