@@ -110,6 +110,20 @@ def rollout_seed(seed: int, batch: int, ordinal: int, sample: int) -> int:
     return derive_seed(seed, ROLLOUT, batch, ordinal, sample)
 
 
+_I64 = struct.Struct("<q")
+
+
+def rollout_seeds(seed: int, batch: int, ordinal: int, count: int) -> tuple[int, ...]:
+    """``rollout_seed`` of samples ``0 .. count-1`` of a group: the shared part of the key's
+    message is built once."""
+    head = _message(seed, ROLLOUT, (batch, ordinal))
+    out = []
+    for sample in range(count):
+        digest = hashlib.blake2b(head + _I64.pack(sample), digest_size=16).digest()
+        out.append(_U64.unpack_from(digest, 0)[0] & _SEED_MASK)
+    return tuple(out)
+
+
 def jax_key(seed: int):
     """A JAX threefry key from a seed of this module (for the inference engine and trainer).
 

@@ -156,12 +156,10 @@ def _form(s: ControllerState) -> list[ev.Event]:
 def _group(s: ControllerState, batch: int, ordinal: int, prompt: int, version: int) -> list[ev.Event]:
     spec = s.spec
     gid, first = s.next_group_id, s.next_rollout_id
+    seeds = rng.rollout_seeds(spec.seed, batch, ordinal, spec.group_size)
     return [
-        ev.RolloutRequested(
-            first + i, gid, batch, prompt, version,
-            rng.rollout_seed(spec.seed, batch, ordinal, i), spec.sampling, ordinal,
-        )
-        for i in range(spec.group_size)
+        ev.RolloutRequested(first + i, gid, batch, prompt, version, seed, spec.sampling, ordinal)
+        for i, seed in enumerate(seeds)
     ]
 
 
