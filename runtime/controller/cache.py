@@ -32,28 +32,50 @@ class RolloutCache:
             self.unscored.pop(rid, None)
 
     def observe(self, e: ev.Event) -> None:
-        kind = type(e)
-        if kind is ev.RolloutRequested:
-            self.requests[e.rollout_id] = e
-            self._groups.setdefault(e.group_id, []).append(e.rollout_id)
-        elif kind is ev.RolloutCompleted:
-            self.completions[e.rollout_id] = e
-            self.unscored[e.rollout_id] = None
-        elif kind is ev.OutcomeRecorded:
-            self.outcomes[e.rollout_id] = e
-            self.unscored.pop(e.rollout_id, None)
-        elif kind is ev.GroupDiscarded:
-            self._drop(self._groups.pop(e.group_id, ()))
-        elif kind is ev.BatchFormed:
-            self.batches[e.step] = e
-            for gid in e.group_ids:
-                self._groups.pop(gid, None)
-        elif kind is ev.TrainStepCompleted:
-            batch = self.batches.pop(e.step, None)
-            if batch is not None:
-                self._drop(batch.rollout_ids)
-        elif kind is ev.WeightsPublished:
-            self.versions[e.version] = e.digest
-        elif kind is ev.VersionsRetired:
-            for v in e.versions:
-                self.versions.pop(v, None)
+        handler = _OBSERVERS.get(type(e))
+        if handler is not None:
+            handler(self, e)
+
+    def _requested(self, e: ev.RolloutRequested) -> None:
+        self.requests[e.rollout_id] = e
+        self._groups.setdefault(e.group_id, []).append(e.rollout_id)
+
+    def _completed(self, e: ev.RolloutCompleted) -> None:
+        self.completions[e.rollout_id] = e
+        self.unscored[e.rollout_id] = None
+
+    def _outcome(self, e: ev.OutcomeRecorded) -> None:
+        self.outcomes[e.rollout_id] = e
+        self.unscored.pop(e.rollout_id, None)
+
+    def _discarded(self, e: ev.GroupDiscarded) -> None:
+        self._drop(self._groups.pop(e.group_id, ()))
+
+    def _formed(self, e: ev.BatchFormed) -> None:
+        self.batches[e.step] = e
+        for gid in e.group_ids:
+            self._groups.pop(gid, None)
+
+    def _trained(self, e: ev.TrainStepCompleted) -> None:
+        batch = self.batches.pop(e.step, None)
+        if batch is not None:
+            self._drop(batch.rollout_ids)
+
+    def _published(self, e: ev.WeightsPublished) -> None:
+        self.versions[e.version] = e.digest
+
+    def _retired(self, e: ev.VersionsRetired) -> None:
+        for v in e.versions:
+            self.versions.pop(v, None)
+
+
+_OBSERVERS = {
+    ev.RolloutRequested: RolloutCache._requested,
+    ev.RolloutCompleted: RolloutCache._completed,
+    ev.OutcomeRecorded: RolloutCache._outcome,
+    ev.GroupDiscarded: RolloutCache._discarded,
+    ev.BatchFormed: RolloutCache._formed,
+    ev.TrainStepCompleted: RolloutCache._trained,
+    ev.WeightsPublished: RolloutCache._published,
+    ev.VersionsRetired: RolloutCache._retired,
+}

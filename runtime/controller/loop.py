@@ -159,18 +159,17 @@ class ControllerLoop:
             self._state = state
             self.head_seq = head.seq
             now = self.clock()
+            observe = self.cache.observe
             for e in batch:
-                self._observe(e, now)
+                kind = type(e)
+                if kind is ev.RolloutAssigned:
+                    self._held.setdefault(e.worker_id, {})[e.rollout_id] = None
+                    self._leased_at[e.rollout_id] = now
+                else:
+                    observe(e)
+                    if kind is ev.VersionsRetired and self.on_retire is not None:
+                        self.on_retire(tuple(e.versions))
             return verdicts
-
-    def _observe(self, e: ev.Event, now: float) -> None:
-        self.cache.observe(e)
-        kind = type(e)
-        if kind is ev.RolloutAssigned:
-            self._held.setdefault(e.worker_id, {})[e.rollout_id] = None
-            self._leased_at[e.rollout_id] = now
-        elif kind is ev.VersionsRetired and self.on_retire is not None:
-            self.on_retire(tuple(e.versions))
 
     # -- workers --------------------------------------------------------------------------------
 
