@@ -26,4 +26,8 @@ def _head(kind: str, version: int) -> bytes:
 
 def link(prev: bytes, kind: str, version: int, body: bytes) -> bytes:
     """The digest of one record given the digest of the record before it."""
-    return _sha256(prev + _head(kind, version) + _U64.pack(len(body)) + body).digest()
+    h = _sha256(prev)  # incremental updates: cheaper than concatenating the parts first
+    h.update(_head(kind, version))
+    h.update(_U64.pack(len(body)))
+    h.update(body)
+    return h.digest()
