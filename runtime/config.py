@@ -179,8 +179,9 @@ class DataConfig(Section):
 
     def check(self) -> None:
         self._at_least("size", 1)
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise _fail("data.eval_fraction", self.eval_fraction, "it must be in [0, 1)")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise _fail("data.eval_fraction", self.eval_fraction,
+                        "it must be in (0, 1): a JSONL dataset always holds out some rows for evaluation")
 
 
 @dataclasses.dataclass(frozen=True)

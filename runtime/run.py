@@ -33,7 +33,6 @@ class Session:
     """Everything a run needs, built from its config (see :func:`build_session`)."""
 
     config: Config
-    out: str
     task: Any
     tokenizer: Any
     model: Any
@@ -102,11 +101,11 @@ def make_task(config: Config):
     if d.task == "jsonl" or d.path is not None:
         if d.path is None:
             raise UsageError("data.task 'jsonl' needs data.path (a JSONL file)")
-        return build("jsonl", path=d.path, eval_fraction=d.eval_fraction or 0.1, seed=config.run.seed)
+        return build("jsonl", path=d.path, eval_fraction=d.eval_fraction, seed=config.run.seed)
     return build(d.task, seed=config.run.seed)
 
 
-def build_session(config: Config, out: str, *, log: Callable[[str], None] = print) -> Session:
+def build_session(config: Config, *, log: Callable[[str], None] = print) -> Session:
     """Task, tokenizer, initial model (after the supervised warm start) and engine."""
     from runtime.inference import Engine
     from runtime.model import char_tokenizer, load_hf
@@ -143,7 +142,7 @@ def build_session(config: Config, out: str, *, log: Callable[[str], None] = prin
     pages_per_seq = -(-width // page_size)
     engine = Engine(model, max_slots=slots, page_size=page_size, num_pages=slots * pages_per_seq + 1,
                     max_seq_len=pages_per_seq * page_size, prefill_buckets=_buckets(longest_prompt))
-    return Session(config, out, task, tokenizer, model, codec, engine, width, warm)
+    return Session(config, task, tokenizer, model, codec, engine, width, warm)
 
 
 def _buckets(longest: int) -> tuple[int, ...]:
@@ -223,7 +222,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     ledger_url = config.ledger.url or os.path.join(out, "ledger.db")
     params_url = config.params.url or os.path.join(out, "params")
     t_start = time.monotonic()
-    session = build_session(config, out, log=log)  # validates model, data and task first
+    session = build_session(config, log=log)  # validates model, data and task first
     config = config.resolved(data_size=session.task.train_size)
     os.makedirs(out, exist_ok=True)
     store = open_store(ledger_url, create=True)
@@ -275,7 +274,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
         if state.finished:
             log(f"run {run_id!r} has already finished (version {state.latest}); nothing to resume")
             return None
-        session = build_session(config, out, log=log)
+        session = build_session(config, log=log)
         swept = pstore.sweep()
         if swept:
             log(f"removed {len(swept)} half-written parameter version(s) left by the crash")

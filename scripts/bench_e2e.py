@@ -118,7 +118,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     with open_store(out) as store:
         events = [s.event for s in store.read("run")]
     config = Config.from_dict(events[0].config)
-    session = build_session(config, out, log=lambda m: None)
+    session = build_session(config, log=lambda m: None)
     step_config = StepConfig(model=session.model.config, objective=config.objective(),
                              learning_rate=config.trainer.learning_rate, temperature=config.sampling.temperature)
     requests = {e.rollout_id: e for e in events if e.KIND == "RolloutRequested"}

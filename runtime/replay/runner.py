@@ -157,7 +157,7 @@ class _Rerun:
 
         self.plan, self.pstore, self.log = plan, pstore, log
         config = Config.from_dict(plan.run.config)
-        self.session = session = build_session(config, directory, log=log)
+        self.session = session = build_session(config, log=log)
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,

@@ -44,6 +44,7 @@ def test_override_values_are_read_as_toml():
     ("sampling.top_p=0", "sampling.top_p: 0.0 is not accepted; it must be in (0, 1]"),
     ("run.steps=x", "run.steps: 'x' is not accepted; it must be an integer"),
     ("noequals", "override: 'noequals' is not accepted"),
+    ("data.eval_fraction=0", "data.eval_fraction: 0.0 is not accepted; it must be in (0, 1)"),
 ])
 def test_bad_values_name_the_value_and_what_is_accepted(override, message):
     with pytest.raises(ConfigError) as info:
