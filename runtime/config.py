@@ -274,17 +274,21 @@ class TrainerConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class WorkersConfig(Section):
     """Worker pools and leases: how many of each, how many concurrent leases per inference
-    worker, and after how many seconds without a heartbeat a lease is given up."""
+    worker (``inference_slots``), how many sequences its engine decodes together
+    (``inference_batch``; leases beyond it wait in the engine's queue and enter as slots free
+    up), and after how many seconds without a heartbeat a lease is given up."""
 
     NAME = "workers"
     inference: int = 1
-    inference_slots: int = 64
+    inference_slots: int = 256
+    inference_batch: int = 64
     verifiers: int = 1
     lease_timeout_s: float = 120.0
 
     def check(self) -> None:
         self._at_least("inference", 1)
         self._at_least("inference_slots", 1)
+        self._at_least("inference_batch", 1)
         self._at_least("verifiers", 1)
         if self.lease_timeout_s <= 0.0:
             raise _fail("workers.lease_timeout_s", self.lease_timeout_s, "it must be > 0")

@@ -137,7 +137,7 @@ def build_session(config: Config, *, log: Callable[[str], None] = print) -> Sess
             width=width, cache_dir=cache_dir,
         )
         warm = {"steps": p.steps, "cached": cached, "checkpoint": path}
-    slots = config.workers.inference_slots
+    slots = min(config.workers.inference_batch, config.workers.inference_slots)
     page_size = 16
     pages_per_seq = -(-width // page_size)
     engine = Engine(model, max_slots=slots, page_size=page_size, num_pages=slots * pages_per_seq + 1,
@@ -349,7 +349,8 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_st
             loaded[version] = (pstore.get(version), pstore.digest(version))
         return loaded[version]
 
-    inference = EngineWorker("inference-0", session.engine, session.task, session.codec, load_params)
+    inference = EngineWorker("inference-0", session.engine, session.task, session.codec, load_params,
+                             slots=config.workers.inference_slots)
     verifier = TaskVerifier("verifier-0", session.task, session.codec)
     trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, step_config,
                           group_size=config.sampling.group_size, width=session.width)
