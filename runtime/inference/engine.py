@@ -1,10 +1,17 @@
 """The inference engine: continuous batching over a paged KV cache, compiled once.
 
 ``Engine`` is the shell around three pure parts: the scheduler (``scheduler.plan`` /
-``advance``: slots, queue, pages, preemption), the sampler (``sampling``) and the device programs
-(``steps``). At construction it compiles, ahead of time, one decode step for ``max_slots`` slots
-and one prefill per prompt bucket; ``generate`` then only ever calls those executables, so no
-shape can trigger a compilation (a new shape would raise instead).
+``reserve`` / ``advance``: slots, queue, pages, preemption), the sampler (``sampling``) and the
+device programs (``steps``). At construction it compiles, ahead of time, one decode program for
+``max_slots`` slots (up to ``decode_steps`` steps per call) and one prefill per prompt bucket;
+``generate`` then only ever calls those executables, so no shape can trigger a compilation (a new
+shape would raise instead).
+
+One decode call runs until the next scheduling event, at most ``decode_steps`` steps: while
+requests wait for a slot, until the first running request reaches its ``max_tokens`` (so its slot
+is refilled at once); otherwise until the last one does. A request that stops on a stop token
+within a call keeps its slot to the end of that call (its extra tokens are dropped). Fewer host
+round trips per token is most of what a small model's decode costs on a CPU.
 
 A request's completion is a pure function of (weights, prompt, sampling params, seed): it does not
 depend on the other requests, the slot it runs in, when it is admitted, or whether it is preempted
@@ -28,12 +35,13 @@ from runtime.inference import scheduler
 from runtime.inference.pages import PagePool, pages_for
 from runtime.inference.requests import Completion, GenerateStats, check_requests
 from runtime.inference.sampling import SamplingParams, finish_reason
-from runtime.inference.steps import decode_step, prefill_into_slots
+from runtime.inference.steps import decode_steps, prefill_into_slots
 from runtime.model import Model, init_cache
 
 BATCHING = ("continuous", "static")
 MIN_BUCKET = 16
 DEFAULT_PREFILL_TOKENS = 64
+DEFAULT_DECODE_STEPS = 8
 
 
 def _positive_int(name: str, value, least: int = 1) -> int:
@@ -71,6 +79,8 @@ class Engine:
         fixed shape, whose unused rows are empty. More rows amortise a call when many requests
         arrive at once; fewer cost less when they trickle in one by one.
       attention_impl: paged attention implementation (``kernels.paged_attention.IMPLS``).
+      decode_steps: most decode steps per device call (see the module docstring). More save host
+        round trips; fewer waste less of a slot whose request stops early on a stop token.
     """
 
     def __init__(
@@ -84,6 +94,7 @@ class Engine:
         prefill_buckets: Sequence[int] | None = None,
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         attention_impl: str = "reference",
+        decode_steps: int = DEFAULT_DECODE_STEPS,
     ):
         self.config = model.config
         self.max_slots = _positive_int("max_slots", max_slots)
@@ -113,6 +124,7 @@ class Engine:
                 f"attention_impl={attention_impl!r} is not accepted; accepted: {', '.join(IMPLS)}"
             )
         self.attention_impl = attention_impl
+        self.decode_steps = _positive_int("decode_steps", decode_steps)
         self._params = jax.device_put(model.params)
         self._params_shape = _shape_of(self._params)
         self._compile()
@@ -135,12 +147,13 @@ class Engine:
             "prefill_buckets": list(self.buckets),
             "prefill_tokens": self.prefill_tokens,
             "attention_impl": self.attention_impl,
+            "decode_steps": self.decode_steps,
         }
 
     # -- device programs -------------------------------------------------------------------
 
     def _compile(self) -> None:
-        c, S, P = self.config, self.max_slots, self.pages_per_seq
+        c, S, P, N = self.config, self.max_slots, self.pages_per_seq, self.decode_steps
         cache = _shape_of(
             jax.eval_shape(
                 functools.partial(
@@ -157,13 +170,13 @@ class Engine:
             return jax.ShapeDtypeStruct(shape, jnp.float32)
 
         step = jax.jit(
-            functools.partial(decode_step, config=c, attention_impl=self.attention_impl),
+            functools.partial(decode_steps, config=c, attention_impl=self.attention_impl),
             donate_argnums=(1, 2),
         )
         self._step = step.lower(
-            self._params_shape, cache, logits, i32(S, P), i32(S), i32(S),
+            self._params_shape, cache, logits, i32(S, P), i32(S), i32(S), i32(S, N),
             jax.ShapeDtypeStruct((S, 2), jnp.uint32), i32(S),
-            f32(S), i32(S), f32(S),
+            f32(S), i32(S), f32(S), i32(),
         ).compile()
         prefill = jax.jit(functools.partial(prefill_into_slots, config=c), donate_argnums=(5, 6))
         self._prefill = {
@@ -225,17 +238,22 @@ class Engine:
             raise
 
     def _run(self, prompts, params, key_data, *, static: bool) -> list[Completion]:
-        n, S = len(prompts), self.max_slots
+        n = len(prompts)
         lengths = [p.size for p in prompts]
-        temperature = np.array([p.temperature for p in params], np.float32)
-        top_k = np.array([p.top_k for p in params], np.int32)
-        top_p = np.array([p.top_p for p in params], np.float32)
+        # The tokens a request has cached once it drew its last token (a step feeds the token it
+        # draws): a decode call never takes a request past it.
+        ends = [lengths[i] + params[i].max_tokens for i in range(n)]
+        sampling = (
+            np.array([p.temperature for p in params], np.float32),
+            np.array([p.top_k for p in params], np.int32),
+            np.array([p.top_p for p in params], np.float32),
+        )
         stops = [p.stop_ids(self.config.eos_token_ids) for p in params]
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[np.float32]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
-        state = scheduler.Schedule.start(n, max_slots=S, pool=self._empty_pool)
-        steps = prefills = preemptions = replayed = allocated = cached = 0
+        state = scheduler.Schedule.start(n, max_slots=self.max_slots, pool=self._empty_pool)
+        steps = calls = prefills = preemptions = replayed = allocated = cached = 0
         admissions = []
         while not state.done:
             state, decisions = scheduler.plan(state, lengths, static=static)
@@ -244,39 +262,49 @@ class Engine:
             for request, slot in decisions.admitted:
                 admissions.append((steps, request, slot))
                 prefills += 1
-            inputs = self._step_inputs(state, lengths, tokens, key_data, temperature, top_k, top_p)
+            state, takes = self._reserve(state, ends, static=static)
+            num_steps = max(takes.values())
+            inputs = self._step_inputs(state, takes, lengths, tokens, key_data, sampling)
             self._cache, self._logits, out_tokens, out_logprobs = self._step(
-                self._params, self._cache, self._logits, *inputs
+                self._params, self._cache, self._logits, *inputs, np.int32(num_steps)
             )
             out_tokens, out_logprobs = np.asarray(out_tokens), np.asarray(out_logprobs)
             finished = []
             for slot, request in enumerate(state.slots):
                 if request is None:
                     continue
-                t = state.cached[request] - lengths[request]
-                if t < len(tokens[request]):
-                    if out_logprobs[slot].tobytes() != logprobs[request][t].tobytes():
-                        raise RlxError(
-                            f"request {request}: token {t} replayed after a preemption with "
-                            f"log-prob {out_logprobs[slot]!r}, first computed as "
-                            f"{logprobs[request][t]!r}; the engine is not batch-invariant here"
-                        )
-                    replayed += 1
-                    continue
-                token = int(out_tokens[slot])
-                tokens[request].append(token)
-                logprobs[request].append(out_logprobs[slot])
-                reason = finish_reason(token, t + 1, params[request].max_tokens, stops[request])
-                if reason is not None:
-                    reasons[request] = reason
-                    finished.append(request)
-            steps += 1
-            allocated += state.pool.num_used * self.page_size
-            cached += sum(state.cached[r] + 1 for r in state.running)
-            state = scheduler.advance(state, finished)
+                for i in range(takes[request]):
+                    t = state.cached[request] + i - lengths[request]
+                    if t < len(tokens[request]):
+                        if out_logprobs[i, slot].tobytes() != logprobs[request][t].tobytes():
+                            raise RlxError(
+                                f"request {request}: token {t} replayed after a preemption with "
+                                f"log-prob {out_logprobs[i, slot]!r}, first computed as "
+                                f"{logprobs[request][t]!r}; the engine is not batch-invariant here"
+                            )
+                        replayed += 1
+                        continue
+                    token = int(out_tokens[i, slot])
+                    tokens[request].append(token)
+                    logprobs[request].append(out_logprobs[i, slot])
+                    reason = finish_reason(
+                        token, t + 1, params[request].max_tokens, stops[request]
+                    )
+                    if reason is not None:
+                        reasons[request] = reason
+                        finished.append(request)
+                        break
+            steps += num_steps
+            calls += 1
+            allocated += num_steps * state.pool.num_used * self.page_size
+            cached += sum(
+                state.cached[r] + min(i + 1, takes[r]) for r in state.running
+                for i in range(num_steps)
+            )
+            state = scheduler.advance(state, finished, takes)
         self.last_stats = GenerateStats(
             steps, prefills, preemptions, sum(map(len, tokens)), replayed, allocated, cached,
-            tuple(admissions),
+            tuple(admissions), calls,
         )
         return [
             Completion(
@@ -287,6 +315,23 @@ class Engine:
             )
             for i in range(n)
         ]
+
+    def _reserve(self, state, ends, *, static: bool):
+        """Steps for the next decode call and pages for them: ``(state, tokens per request)``.
+
+        The call runs to the next scheduling event (see the module docstring), at most
+        ``decode_steps`` steps, and fewer when the free pages do not cover them (``plan``
+        reserved one step, so one always fits).
+        """
+        left = {r: ends[r] - state.cached[r] for r in state.running}
+        until = min if state.waiting and not static else max
+        want = min(self.decode_steps, until(left.values()))
+        while True:
+            takes = {r: min(want, n) for r, n in left.items()}
+            reserved = scheduler.reserve(state, takes) if want > 1 else state
+            if reserved is not None:
+                return reserved, takes
+            want //= 2
 
     def _prefill_requests(self, state, admitted, prompts) -> None:
         """Prefill the admitted requests, grouped by bucket, ``prefill_rows[bucket]`` per call."""
@@ -310,11 +355,13 @@ class Engine:
                     self._params, tokens, lengths, rows, slots, self._cache, self._logits
                 )
 
-    def _step_inputs(self, state, lengths, tokens, key_data, temperature, top_k, top_p):
-        S, P = self.max_slots, self.pages_per_seq
+    def _step_inputs(self, state, takes, lengths, tokens, key_data, sampling):
+        S, P, N = self.max_slots, self.pages_per_seq, self.decode_steps
+        temperature, top_k, top_p = sampling
         table = np.zeros((S, P), np.int32)
         positions = np.full(S, -1, np.int32)
-        forced = np.full(S, -1, np.int32)
+        take = np.zeros(S, np.int32)
+        forced = np.full((S, N), -1, np.int32)
         keys = np.zeros((S, 2), np.uint32)
         index = np.zeros(S, np.int32)
         temp, k, p = np.zeros(S, np.float32), np.zeros(S, np.int32), np.ones(S, np.float32)
@@ -323,13 +370,14 @@ class Engine:
                 continue
             table[slot] = state.pool.table_row(request, P)
             positions[slot] = state.cached[request]
+            take[slot] = takes[request]
             t = state.cached[request] - lengths[request]
             index[slot] = t
-            if t < len(tokens[request]):
-                forced[slot] = tokens[request][t]
+            replay = tokens[request][t : t + N]
+            forced[slot, : len(replay)] = replay
             keys[slot] = key_data[request]
             temp[slot], k[slot], p[slot] = temperature[request], top_k[request], top_p[request]
-        return table, positions, forced, keys, index, temp, k, p
+        return table, positions, take, forced, keys, index, temp, k, p
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ class GenerateStats:
       allocated_tokens: sum over steps of the token capacity of the allocated pages.
       cached_tokens: sum over steps of the tokens actually cached after the step.
       admissions: ``(step, request, slot)`` of every admission, in order.
+      decode_calls: device calls the decode steps took (host round trips).
     """
 
     steps: int
@@ -54,6 +55,7 @@ class GenerateStats:
     allocated_tokens: int
     cached_tokens: int
     admissions: tuple[tuple[int, int, int], ...]
+    decode_calls: int = 0
 
     @property
     def kv_overhead(self) -> float:

@@ -190,8 +190,15 @@ def sample(
         scaled_BV, top_k_B, top_p_B,
     )
     V = logits_BV.shape[-1]
-    gumbel_BV = jax.vmap(lambda key: jax.random.gumbel(key, (V,), jnp.float32))(
-        token_keys(key_data_B2, index_B)
+    # Greedy rows never read the noise, so a batch of greedy rows skips drawing it; a sampled
+    # row's noise is the same whichever branch its batch takes.
+    gumbel_BV = jax.lax.cond(
+        jnp.any(~greedy_B),
+        lambda key_data_B2, index_B: jax.vmap(
+            lambda key: jax.random.gumbel(key, (V,), jnp.float32)
+        )(token_keys(key_data_B2, index_B)),
+        lambda *_: jnp.zeros(logits_BV.shape, jnp.float32),
+        key_data_B2, index_B,
     )
     drawn_B = jnp.argmax(jnp.where(keep_BV, scaled_BV + gumbel_BV, -jnp.inf), axis=-1)
     tokens_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1), drawn_B).astype(jnp.int32)

@@ -3,7 +3,8 @@
 A pure state machine over request ids; the engine runs the device work it decides. Request ids are
 positions in the arrival order (the order of ``Engine.generate``'s prompts): lower is older.
 
-Each engine step is ``plan`` (decide), the device work, then ``advance`` (record). ``plan``:
+Each engine step is ``plan`` (decide), the device work, then ``advance`` (record); an engine that
+runs several decode steps per device call ``reserve``s their pages after ``plan``. ``plan``:
 
 1. *Grow.* Every running request, oldest first, gets the pages for the token the step will write
    (``cached + 1`` tokens). When the pool is short, the youngest running request is preempted by
@@ -130,9 +131,28 @@ def plan(
     return state, Decisions(tuple(preempted), tuple(admitted))
 
 
-def advance(state: Schedule, finished: Sequence[int] = ()) -> Schedule:
-    """Record a step: every running request cached one more token; ``finished`` ones leave."""
-    cached = {r: n + 1 for r, n in state.cached.items()}
+def reserve(state: Schedule, tokens: Mapping[int, int]) -> Schedule | None:
+    """Pages for several steps at once: running request ``r`` grows to ``cached + tokens[r]``.
+
+    All or nothing, never preempting: None when the free pages do not cover every request (the
+    caller then runs fewer steps; ``plan`` has already reserved one).
+    """
+    pool = state.pool
+    need = sum(pool.shortfall(r, state.cached[r] + n) for r, n in tokens.items())
+    if need > pool.num_free:
+        return None
+    for request in sorted(tokens):
+        pool = pool.grow(request, state.cached[request] + tokens[request])
+    return dataclasses.replace(state, pool=pool)
+
+
+def advance(
+    state: Schedule, finished: Sequence[int] = (), steps: Mapping[int, int] | None = None
+) -> Schedule:
+    """Record decode steps: running request ``r`` cached ``steps[r]`` more tokens (default 1 each);
+    ``finished`` ones leave."""
+    steps = steps or {}
+    cached = {r: n + steps.get(r, 1) for r, n in state.cached.items()}
     pool, slots = state.pool, state.slots
     for request in finished:
         del cached[request]

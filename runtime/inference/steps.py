@@ -1,4 +1,4 @@
-"""The engine's two device programs: prefill prompts into their slots, and one decode step.
+"""The engine's device programs: prefill prompts into their slots, and decode steps.
 
 Both are pure functions, compiled ahead of time by the engine for fixed shapes:
 
@@ -9,6 +9,9 @@ Both are pure functions, compiled ahead of time by the engine for fixed shapes:
 - ``decode_step``: for all ``S`` slots at once, draw a token from each slot's logits (or take the
   forced token of a slot that replays tokens it generated before a preemption), then run the
   decoder on those tokens, writing their keys/values and producing the next logits.
+- ``decode_steps``: up to ``N`` decode steps in one call (a loop over ``decode_step``), so that
+  the host is visited once per ``N`` tokens rather than once per token. Every token is produced by
+  the same loop body, whichever iteration it falls in and however many iterations a call runs.
 
 A slot's results depend only on that slot's inputs: the decoder, the sampler and the log-prob are
 row-wise at a fixed ``[S, ...]`` shape, and a prompt is always prefilled at its bucket's fixed
@@ -94,3 +97,61 @@ def decode_step(
         attention_impl=attention_impl,
     )
     return cache, logits_SV, tokens_S, logprobs_S
+
+
+def decode_steps(
+    params: dict,
+    cache: KVCache,
+    logits_SV: jax.Array,
+    page_table_SP: jax.Array,
+    positions_S: jax.Array,
+    takes_S: jax.Array,
+    forced_SN: jax.Array,
+    key_data_S2: jax.Array,
+    index_S: jax.Array,
+    temperature_S: jax.Array,
+    top_k_S: jax.Array,
+    top_p_S: jax.Array,
+    num_steps: jax.Array,
+    *,
+    config: ModelConfig,
+    attention_impl: str = "reference",
+) -> tuple[KVCache, jax.Array, jax.Array, jax.Array]:
+    """Run ``num_steps`` (at most ``N``) decode steps; iteration ``i`` is ``decode_step`` at ``+ i``.
+
+    DONATES cache, logits_SV.
+
+    Args:
+      positions_S: int32 position of each slot's first token of the call; -1 = empty slot.
+      takes_S: int32 tokens each slot takes in this call (``<= num_steps``); in iterations
+        ``i >= takes_S`` the slot is empty: it writes nothing and its logits row becomes
+        meaningless, so only a request that ends within the call may take fewer tokens.
+      forced_SN: int32 token to take at iteration ``i`` instead of drawing one, or -1.
+      index_S: int32 index of each slot's first token of the call among its request's
+        generated tokens (the sampler's key index; iteration ``i`` uses ``index_S + i``).
+      num_steps: int32 scalar, iterations to run, in ``[0, N]``; traced, so one compiled program
+        serves every count.
+
+    Returns:
+      ``(cache, logits_SV, tokens_NS, logprobs_NS)``: row ``i`` holds iteration ``i``'s tokens and
+      log-probs (rows ``>= num_steps`` and entries of empty slots are meaningless).
+    """
+    N = forced_SN.shape[1]
+    S = positions_S.shape[0]
+
+    def body(i, carry):
+        cache, logits_SV, tokens_NS, logprobs_NS = carry
+        active_S = i < takes_S
+        cache, logits_SV, tokens_S, logprobs_S = decode_step(
+            params, cache, logits_SV, page_table_SP,
+            jnp.where(active_S & (positions_S >= 0), positions_S + i, -1),
+            jax.lax.dynamic_index_in_dim(forced_SN, i, axis=1, keepdims=False),
+            key_data_S2, index_S + i, temperature_S, top_k_S, top_p_S,
+            config=config, attention_impl=attention_impl,
+        )
+        tokens_NS = jax.lax.dynamic_update_index_in_dim(tokens_NS, tokens_S, i, axis=0)
+        logprobs_NS = jax.lax.dynamic_update_index_in_dim(logprobs_NS, logprobs_S, i, axis=0)
+        return cache, logits_SV, tokens_NS, logprobs_NS
+
+    init = (cache, logits_SV, jnp.zeros((N, S), jnp.int32), jnp.zeros((N, S), jnp.float32))
+    return jax.lax.fori_loop(0, num_steps, body, init)

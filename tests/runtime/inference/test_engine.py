@@ -80,7 +80,7 @@ def test_a_request_is_the_same_alone_in_a_full_batch_in_any_order_and_after_pree
 ):
     prompts, params, seeds = WORKLOAD
     slots_seen = {i: set() for i in range(len(prompts))}
-    late = preempted = replayed = 0
+    late = preempted = replayed = calls = steps = 0
     shuffled = [5, 0, 11, 3, 8, 1, 10, 2, 7, 4, 9, 6]
     for order in (list(range(12)), list(reversed(range(12))), shuffled):
         for batching in ("continuous", "static"):
@@ -96,10 +96,14 @@ def test_a_request_is_the_same_alone_in_a_full_batch_in_any_order_and_after_pree
                 late += step > 0
             preempted += stats.preemptions
             replayed += stats.replayed_tokens
+            calls += stats.decode_calls
+            steps += stats.steps
             assert stats.prefills == 12 + stats.preemptions
     # The runs did cover what the claim is about: slots, late arrivals, preemptions.
     assert sum(len(s) > 1 for s in slots_seen.values()) >= 8
     assert late >= 20 and preempted >= 3 and replayed > 0
+    # Several steps per decode call, so tokens fell at every offset within a call.
+    assert steps >= 2 * calls
 
 
 @settings(max_examples=25)
@@ -193,7 +197,7 @@ def test_new_weights_without_recompiling(engine, model):
     bigger = Engine(other, **{**ENGINE, "num_pages": 37})
     assert bigger.batch_shape == engine.batch_shape == {
         "max_slots": 4, "page_size": 4, "max_seq_len": 32, "prefill_buckets": [16, 32],
-        "prefill_tokens": 64, "attention_impl": "reference",
+        "prefill_tokens": 64, "attention_impl": "reference", "decode_steps": 8,
     }
     fresh = bigger.generate(prompts[:4], params[:4], seeds[:4])
     for a, b in zip(changed, fresh, strict=True):

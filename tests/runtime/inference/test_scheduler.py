@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.inference.pages import PagePool, pages_for
-from runtime.inference.scheduler import Decisions, Schedule, advance, plan
+from runtime.inference.scheduler import Decisions, Schedule, advance, plan, reserve
 
 
 def _start(n, slots=3, pages=9, page_size=4):
@@ -51,6 +51,19 @@ def test_out_of_pages_preempts_the_youngest_and_admits_nobody():
     assert decisions == Decisions(preempted=(1,))
     assert state.slots == (0, None, None) and state.waiting == (1, 2, 3)
     assert state.pool.owned(0) == (1, 2, 3)  # request 1's first page went to request 0
+
+
+def test_reserve_grows_every_request_or_none_and_advance_counts_the_steps():
+    lengths = [3, 5]
+    state, _ = plan(_start(2, slots=2, pages=6), lengths)  # pages: 1 + 2 of 5
+    # 3 + 4 = 7 and 5 + 4 = 9 tokens: 2 + 3 pages, all 5 usable ones.
+    grown = reserve(state, {0: 4, 1: 4})
+    assert grown.pool.owned(0) == state.pool.owned(0) + (4,)
+    assert len(grown.pool.owned(1)) == 3 and grown.pool.num_free == 0
+    assert reserve(state, {0: 4, 1: 8}) is None  # 13 tokens for request 1: all or nothing
+    assert state.pool.num_used == 3  # the old value is unchanged
+    after = advance(grown, finished=[0], steps={0: 2, 1: 4})
+    assert dict(after.cached) == {1: 9} and after.pool.owned(0) == ()
 
 
 @settings(max_examples=40)
