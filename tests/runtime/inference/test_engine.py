@@ -106,6 +106,21 @@ def test_a_request_is_the_same_alone_in_a_full_batch_in_any_order_and_after_pree
     assert steps >= 2 * calls
 
 
+def test_a_token_is_the_same_whichever_decode_call_and_offset_it_falls_in(engine, alone):
+    prompts, params, seeds = WORKLOAD
+    i = max(range(len(alone)), key=lambda j: alone[j].tokens.size)
+    # Alone, the request's tokens fall at offsets 0..7 of calls of 8 steps. Beside short requests
+    # that end a call every 3 steps while others wait, they fall elsewhere.
+    short = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    out = engine.generate(
+        [prompts[i]] + [[5, 6, 7]] * 9, [params[i]] + [short] * 9, [seeds[i]] + list(range(9))
+    )
+    _assert_same(out[0], alone[i], f"request {i} beside short requests")
+    assert alone[i].tokens.size > 8 and engine.last_stats.decode_calls >= 4
+    engine.generate([prompts[i]], [params[i]], [seeds[i]])
+    assert engine.last_stats.decode_calls == -(-alone[i].tokens.size // 8)
+
+
 @settings(max_examples=25)
 @given(data=st.data())
 def test_any_subset_in_any_order_gives_each_request_its_own_completion(engine, alone, data):
