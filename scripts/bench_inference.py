@@ -227,6 +227,11 @@ def main() -> None:
         "continuous_over_static": round(engine_tok_s / static_tok_s, 3),
         "engine_steps": stats.steps,
         "static_steps": best["static"][1].steps,
+        # What continuous_over_static would be if every decode step cost the same and prefill
+        # were free: the ceiling the batching policy alone allows on this workload.
+        "static_over_continuous_steps": round(best["static"][1].steps / stats.steps, 3),
+        "engine_decode_calls": stats.decode_calls,
+        "static_decode_calls": best["static"][1].decode_calls,
         "static_equals_continuous": same,
         "kv_allocated_over_cached": round(stats.kv_overhead, 4),
         "kv_pool_pages": num_pages - 1,

@@ -149,8 +149,10 @@ def reserve(state: Schedule, tokens: Mapping[int, int]) -> Schedule | None:
 def advance(
     state: Schedule, finished: Sequence[int] = (), steps: Mapping[int, int] | None = None
 ) -> Schedule:
-    """Record decode steps: running request ``r`` cached ``steps[r]`` more tokens (default 1 each);
-    ``finished`` ones leave."""
+    """Record decode steps; the ``finished`` requests leave.
+
+    Running request ``r`` cached ``steps[r]`` more tokens (default: one each).
+    """
     steps = steps or {}
     cached = {r: n + steps.get(r, 1) for r, n in state.cached.items()}
     pool, slots = state.pool, state.slots

@@ -1,6 +1,7 @@
 """The engine's device programs: prefill prompts into their slots, and decode steps.
 
-Both are pure functions, compiled ahead of time by the engine for fixed shapes:
+All are pure functions; the engine compiles ``prefill_into_slots`` and ``decode_steps`` ahead
+of time for fixed shapes:
 
 - ``prefill_into_slots``: ``[R, bucket]`` prompt tokens (``R`` fixed per bucket, unused rows
   empty) -> KV cache pages of the prompts, and the logits of each one's first
