@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -381,6 +382,10 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_st
         return True
 
     workers = _Workers()
+    # Everything built so far (model, compiled programs, the folded state) lives for the whole
+    # run: keep it out of the cyclic collector's full passes, which would otherwise scan it
+    # again and again while the workers allocate events.
+    gc.freeze()
     t_rl = time.monotonic()
     workers.spawn("trainer", train)
     workers.spawn("verifier", verify)
