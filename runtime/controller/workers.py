@@ -3,7 +3,8 @@
 Workers are stateless consumers that pull work: an inference worker joins with a number of
 slots, polls its leases and submits completions; a verifier asks for completed rollouts to score;
 the trainer asks for the next step. The same calls serve threads in one process and remote
-workers behind a gRPC service. A worker that dies simply stops calling: its leases expire, the
+workers behind a gRPC service. The work items are named tuples: the controller builds hundreds
+per step. A worker that dies simply stops calling: its leases expire, the
 requests go to other workers, and a late or duplicate submission is answered with a rejection.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ledger.events import (
     BatchFormed,
@@ -28,8 +29,7 @@ TRAINER = "trainer"
 ROLES = (INFERENCE, VERIFIER, TRAINER)
 
 
-@dataclasses.dataclass(frozen=True)
-class Lease:
+class Lease(NamedTuple):
     """One rollout to generate: a pure function of (weights, prompt, sampling, seed).
 
     Submit the result as ``RolloutCompleted(rollout_id, worker_id, attempt, policy_version,
@@ -48,8 +48,7 @@ class Lease:
     sampling: dict
 
 
-@dataclasses.dataclass(frozen=True)
-class ScoreTask:
+class ScoreTask(NamedTuple):
     """A completed rollout to verify; answer with ``OutcomeRecorded(rollout_id, …)``."""
 
     rollout_id: int
@@ -57,8 +56,7 @@ class ScoreTask:
     completion: RolloutCompleted
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainRollout:
+class TrainRollout(NamedTuple):
     """One rollout of a training batch with everything the trainer needs."""
 
     request: RolloutRequested
@@ -66,8 +64,7 @@ class TrainRollout:
     outcome: OutcomeRecorded
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainTask:
+class TrainTask(NamedTuple):
     """Train step ``step``: load version ``step - 1`` and its optimizer state, consume the batch
     (rollouts in training order), put version ``step`` into the parameter store and submit
     ``TrainStepCompleted(step, …)`` and ``WeightsPublished(step, digest, step - 1, parent_digest)``.
