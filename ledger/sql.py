@@ -86,12 +86,17 @@ def _insert_rows_sql(n: int) -> str:
     return head + "VALUES " + ", ".join([values.format(p="?")] * n)
 
 
-def _rows(run_id: str, records, expected_seq: int, epoch: int, current_epoch: int, head: Head) -> list[tuple]:
-    """Inside a write transaction: check the fence and the head, then the chained rows to insert."""
+def _check_head(run_id: str, expected_seq: int, epoch: int, current_epoch: int, head: Head) -> None:
+    """Inside a write transaction: the writer holds the current epoch and the head is expected."""
     if epoch != current_epoch:
         raise Fenced(run_id, epoch, current_epoch)
     if head.seq != expected_seq:
         raise AppendConflict(run_id, expected_seq, head.seq)
+
+
+def _rows(run_id: str, records, expected_seq: int, epoch: int, current_epoch: int, head: Head) -> list[tuple]:
+    """Inside a write transaction: check the fence and the head, then the chained rows to insert."""
+    _check_head(run_id, expected_seq, epoch, current_epoch, head)
     now = time.time()
     return [(run_id, s, k, v, b, d, epoch, now) for s, k, v, b, d in append_chain(head.digest, head.seq + 1, records)]
 
@@ -294,15 +299,29 @@ class _SqlStore(EventStore):
         self._read_engine.dispose()
 
 
-def _insert(conn, rows: list[tuple]) -> None:
-    """Insert ``rows`` in a few multi-row statements, sized by powers of two (a handful of cached
-    statement shapes). ``executemany`` steps once per row, and the sqlite3 module releases the GIL
-    around every step: beside busy threads each release can cost a thread switch."""
-    i, n = 0, len(rows)
+def _insert(conn, run_id: str, records, epoch: int, head: Head) -> Head:
+    """Chain ``records`` after ``head`` and insert them in a few multi-row statements sized by
+    powers of two (a handful of cached statement shapes); return the new head.
+
+    ``executemany`` steps once per row, and the sqlite3 module releases the GIL around every
+    step: beside busy threads each release can cost a thread switch. The statement parameters
+    are built flat, in the same pass as the chain.
+    """
+    now = time.time()
+    link = chain.link
+    flat: list = []
+    seq, digest = head.seq, head.digest
+    for kind, version, body in records:
+        seq += 1
+        digest = link(digest, kind, version, body)
+        flat += (run_id, seq, kind, version, body, digest, epoch, now)
+    width = 8  # columns per row, as in _INSERT
+    i, n = 0, len(records)
     while i < n:
         k = min(_MAX_INSERT_ROWS, 1 << ((n - i).bit_length() - 1))
-        conn.execute(_insert_rows_sql(k), [x for row in rows[i : i + k] for x in row])
+        conn.execute(_insert_rows_sql(k), flat[i * width : (i + k) * width])
         i += k
+    return Head(seq, digest)
 
 
 class SqliteStore(_SqlStore):
@@ -399,8 +418,8 @@ class SqliteStore(_SqlStore):
                     raise RunNotFound(run_id, self.runs())
                 current, head_seq, head_digest = row
                 head = Head(head_seq, head_digest) if head_seq is not None else Head(0, chain.GENESIS)
-                rows = _rows(run_id, records, expected_seq, epoch, current, head)
-                _insert(conn, rows)
+                _check_head(run_id, expected_seq, epoch, current, head)
+                new_head = _insert(conn, run_id, records, epoch, head)
                 conn.execute("COMMIT")
             except BaseException as e:
                 if conn.in_transaction:
@@ -410,7 +429,7 @@ class SqliteStore(_SqlStore):
                 if isinstance(e, sqlite3.Error):
                     raise LedgerError(f"ledger {self._display()} failed during append: {e}") from e
                 raise
-            return Head(rows[-1][1], rows[-1][5])
+            return new_head
 
     _CHUNK_SQL = (
         "SELECT seq, kind, version, body, digest, epoch, wall_time FROM rlx_events "
