@@ -82,7 +82,8 @@ class ControllerLoop:
         self._seen: dict[str, float] = {}  # worker id -> last call
         self._held: dict[str, dict[int, None]] = {}  # worker id -> rollout ids leased to it (lazily pruned)
         self._leased_at: dict[int, float] = {}  # rollout id -> time of its current lease
-        self._shell_leases: dict[tuple[str, int], float] = {}  # (kind, id) -> hand-out time
+        self._scoring: dict[int, float] = {}  # rollout id -> when it was handed out for scoring
+        self._training: dict[int, float] = {}  # step -> when it was handed out for training
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -200,14 +201,15 @@ class ControllerLoop:
             if not held:
                 return []
             out = []
+            live, payloads, versions = s.requests, self.cache.requests, s.versions
             for rid in list(held):
-                r = s.requests.get(rid)
+                r = live.get(rid)
                 if r is None or r.holder != worker_id:
                     del held[rid]
                     continue
-                q = self.cache.requests[rid]
+                q = payloads[rid]
                 out.append(Lease(rid, r.attempts - 1, q.group_id, q.batch, q.ordinal, q.prompt_index,
-                                 q.policy_version, s.versions[q.policy_version], q.seed, q.sampling))
+                                 q.policy_version, versions[q.policy_version], q.seed, q.sampling))
             return out
 
     def complete(self, completions: Sequence[ev.RolloutCompleted]) -> list[Verdict]:
@@ -219,22 +221,23 @@ class ControllerLoop:
             now = self.clock()
             self._seen[worker_id] = now
             out = []
+            handed, cutoff = self._scoring, now - self.lease_timeout_s
+            requests, completions = self.cache.requests, self.cache.completions
             for rid in self.cache.unscored:
                 if len(out) >= limit:
                     break
-                key = ("score", rid)
-                if now - self._shell_leases.get(key, -float("inf")) < self.lease_timeout_s:
+                if handed.get(rid, cutoff) > cutoff:  # handed out within the lease period
                     continue
-                self._shell_leases[key] = now
-                c = self.cache.completions[rid]
-                out.append(ScoreTask(rid, self.cache.requests[rid].prompt_index, c))
+                handed[rid] = now
+                out.append(ScoreTask(rid, requests[rid].prompt_index, completions[rid]))
             return out
 
     def record_outcomes(self, outcomes: Sequence[ev.OutcomeRecorded]) -> list[Verdict]:
         verdicts = self.submit(outcomes)
         with self._lock:
+            handed = self._scoring
             for o in outcomes:
-                self._shell_leases.pop(("score", o.rollout_id), None)
+                handed.pop(o.rollout_id, None)
         return verdicts
 
     def train_task(self, worker_id: str) -> TrainTask | InitTask | None:
@@ -246,17 +249,16 @@ class ControllerLoop:
             if s.spec is None or s.finished:
                 return None
             if s.latest < 0:
-                key = ("train", 0)
+                step = 0
             elif s.trained < s.formed and s.latest == s.trained:
-                key = ("train", s.trained + 1)
+                step = s.trained + 1
             else:
                 return None
-            if now - self._shell_leases.get(key, -float("inf")) < self.lease_timeout_s:
+            if now - self._training.get(step, -float("inf")) < self.lease_timeout_s:
                 return None
-            self._shell_leases[key] = now
-            if key[1] == 0:
+            self._training[step] = now
+            if step == 0:
                 return InitTask()
-            step = key[1]
             batch = self.cache.batches[step]
             c = self.cache
             rollouts = tuple(TrainRollout(c.requests[r], c.completions[r], c.outcomes[r]) for r in batch.rollout_ids)
@@ -268,7 +270,7 @@ class ControllerLoop:
         with self._lock:
             for e in events:
                 step = e.step if isinstance(e, ev.TrainStepCompleted) else e.version
-                self._shell_leases.pop(("train", step), None)
+                self._training.pop(step, None)
         return verdicts
 
     # -- time -----------------------------------------------------------------------------------
