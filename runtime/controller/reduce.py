@@ -56,11 +56,10 @@ class _Draft:
             setattr(self, name, getattr(state, name).mutate())
 
     def finish(self) -> ControllerState:
+        """The state folded so far (the draft stays usable)."""
         values = [getattr(self, name) for name in ControllerState._fields]
         for name in _MAPS:
-            frozen = values[_INDEX[name]].finish()
-            values[_INDEX[name]] = frozen
-            setattr(self, name, frozen.mutate())  # the draft stays usable
+            values[_INDEX[name]] = self.frozen(name)
         return ControllerState(*values)
 
     def frozen(self, name: str):

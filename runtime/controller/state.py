@@ -191,8 +191,3 @@ def remove_sorted(items: tuple, item) -> tuple:
         return items[:i] + items[i + 1 :]
     return items
 
-
-def bump(counts: immutables.Map, key: int, delta: int) -> immutables.Map:
-    """``counts`` with ``counts[key] += delta``; keys that reach zero are removed."""
-    n = counts.get(key, 0) + delta
-    return counts.set(key, n) if n else counts.delete(key)
