@@ -75,6 +75,7 @@ _INSERT = (
 )
 
 
+_COLUMNS = _INSERT.count("{p}")
 _MAX_INSERT_ROWS = 64
 """Rows per multi-row INSERT on SQLite (8 columns: 512 parameters, under every SQLite's limit)."""
 
@@ -304,22 +305,16 @@ def _insert(conn, run_id: str, records, epoch: int, head: Head) -> Head:
     powers of two (a handful of cached statement shapes); return the new head.
 
     ``executemany`` steps once per row, and the sqlite3 module releases the GIL around every
-    step: beside busy threads each release can cost a thread switch. The statement parameters
-    are built flat, in the same pass as the chain.
+    step: beside busy threads each release can cost a thread switch.
     """
     now = time.time()
-    link = chain.link
     flat: list = []
-    seq, digest = head.seq, head.digest
-    for kind, version, body in records:
-        seq += 1
-        digest = link(digest, kind, version, body)
+    for seq, kind, version, body, digest in append_chain(head.digest, head.seq + 1, records):
         flat += (run_id, seq, kind, version, body, digest, epoch, now)
-    width = 8  # columns per row, as in _INSERT
     i, n = 0, len(records)
     while i < n:
         k = min(_MAX_INSERT_ROWS, 1 << ((n - i).bit_length() - 1))
-        conn.execute(_insert_rows_sql(k), flat[i * width : (i + k) * width])
+        conn.execute(_insert_rows_sql(k), flat[i * _COLUMNS : (i + k) * _COLUMNS])
         i += k
     return Head(seq, digest)
 
