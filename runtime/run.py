@@ -13,9 +13,9 @@ Everything that decides is in the ledger or a pure function of it, so the final 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
-import gc
 import threading
 import time
 from collections.abc import Callable
@@ -232,12 +232,13 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
             raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; continue it with "
                              f"`rlx resume {out}`, or choose another --out or run.name")
         pstore = ParamStore.open(params_url, create=True)
+        retirer = _Retirer(pstore)
         ctrl = ControllerLoop.create(
             store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
             seed=config.run.seed, fingerprint=fingerprint(), lease_timeout_s=config.workers.lease_timeout_s,
-            on_retire=_Retirer(pstore),
+            on_retire=retirer,
         )
-        return _drive(session, config, out, store, pstore, ctrl, t_start, progress, log)
+        return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log)
     finally:
         store.close()
 
@@ -285,13 +286,14 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
                 f"version {state.latest} is in the ledger but missing from the parameter store {params_url}; "
                 "`rlx replay` re-derives it"
             )
+        retirer = _Retirer(pstore)
         ctrl = ControllerLoop.resume(store, run_id, fingerprint=fingerprint(),
-                                     lease_timeout_s=config.workers.lease_timeout_s, on_retire=_Retirer(pstore))
+                                     lease_timeout_s=config.workers.lease_timeout_s, on_retire=retirer)
         for v in ctrl.evictable_versions(pstore.versions()):
             pstore.delete(v)
         log(f"resumed run {run_id!r} at step {ctrl.state.trained} of {config.run.steps} "
             f"(writer epoch {ctrl.epoch}, ledger head seq {ctrl.head_seq})")
-        return _drive(session, config, out, store, pstore, ctrl, t_start, progress, log)
+        return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log)
     finally:
         store.close()
 
@@ -334,8 +336,8 @@ def make_step_config(config: Config, session: Session):
     )
 
 
-def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_start: float, progress: bool,
-           log: Callable[[str], None]) -> dict:
+def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, retirer: _Retirer, t_start: float,
+           progress: bool, log: Callable[[str], None]) -> dict:
     """Run the worker threads until the run finishes; evaluate versions 0 and final on the held-out
     split (after the run, so a resume goes back to work at once); write summary.json, report.png."""
     from runtime.controller import InitTask
@@ -383,7 +385,7 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_st
 
     workers = _Workers()
     # Everything built so far (model, compiled programs, the folded state) lives for the whole
-    # run: keep it out of the cyclic collector's passes. The workers allocate many short-lived,
+    # run: keep it out of the cyclic collector's passes until the run ends. The workers allocate many short-lived,
     # acyclic objects (events, leases, tuples): collect the young generation 20,000 allocations
     # apart instead of 700, which cut the time every thread spends in the collector by about
     # 5x in `scripts/bench_e2e.py`.
@@ -395,11 +397,12 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_st
     workers.spawn("verifier", verify)
     workers.spawn("inference", infer)
     try:
-        _watch(ctrl, workers, trainer, inference, config, progress)
+        _watch(ctrl, workers, retirer, trainer, inference, config, progress)
     finally:
         workers.join()
         gc.set_threshold(*thresholds)
-        ctrl.on_retire.sweep()
+        gc.unfreeze()
+        retirer.sweep()
     if workers.error is not None:
         raise workers.error
     rl_seconds = time.monotonic() - t_rl
@@ -419,7 +422,7 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, t_st
     return summary
 
 
-def _watch(ctrl, workers: _Workers, trainer, inference, config: Config, progress: bool) -> None:
+def _watch(ctrl, workers: _Workers, retirer: _Retirer, trainer, inference, config: Config, progress: bool) -> None:
     """Wait for the run to finish, showing progress and expiring silent leases."""
     steps = config.run.steps
     last_expire = time.monotonic()
@@ -434,7 +437,7 @@ def _watch(ctrl, workers: _Workers, trainer, inference, config: Config, progress
     try:
         while not ctrl.finished and not workers.stop.is_set():
             workers.stop.wait(0.2)
-            ctrl.on_retire.sweep()
+            retirer.sweep()
             now = time.monotonic()
             if now - last_expire > 1.0:
                 ctrl.expire()
