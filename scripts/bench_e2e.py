@@ -39,14 +39,17 @@ class Timed:
                "publish", "expire")
 
     def __init__(self) -> None:
-        self.seconds = 0.0
         self.wall_seconds = 0.0
         self.by_method: dict[str, list[float]] = {}  # name -> [calls, cpu seconds]
         self.lock = threading.Lock()
         self._local = threading.local()  # shared by all wrappers: nested calls count once
 
+    @property
+    def seconds(self) -> float:
+        return sum(cpu for _, cpu in self.by_method.values())
+
     def reset(self) -> None:
-        self.seconds = self.wall_seconds = 0.0
+        self.wall_seconds = 0.0
         self.by_method = {}
 
     def install(self, cls) -> None:
@@ -68,7 +71,6 @@ class Timed:
                 local.depth = 0
                 cpu = time.thread_time() - c
                 with self.lock:
-                    self.seconds += cpu
                     self.wall_seconds += time.perf_counter() - t
                     entry = self.by_method.setdefault(name, [0, 0.0])
                     entry[0] += 1
@@ -111,16 +113,15 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     from runtime.controller.workers import TrainRollout, TrainTask
     from runtime.model import forward
     from runtime.params import ParamStore
-    from runtime.run import build_session
-    from runtime.trainer.step import StepConfig, make_optimizer, train_step
+    from runtime.run import build_session, make_step_config
+    from runtime.trainer.step import make_optimizer, train_step
     from runtime.workers import StepTrainer
 
     with open_store(out) as store:
         events = [s.event for s in store.read("run")]
     config = Config.from_dict(events[0].config)
     session = build_session(config, log=lambda m: None)
-    step_config = StepConfig(model=session.model.config, objective=config.objective(),
-                             learning_rate=config.trainer.learning_rate, temperature=config.sampling.temperature)
+    step_config = make_step_config(config, session)
     requests = {e.rollout_id: e for e in events if e.KIND == "RolloutRequested"}
     completions = {e.rollout_id: e for e in events if e.KIND == "RolloutCompleted"}
     outcomes = {e.rollout_id: e for e in events if e.KIND == "OutcomeRecorded"}
