@@ -44,12 +44,13 @@ def write_demo_run(store: EventStore, *, steps: int = 20, group_size: int = 4, g
         batch: list[ev.Event] = [ev.PromptsSampled(step, 0, prompts)]
         ids = []
         for g, p in enumerate(prompts):
-            for _ in range(group_size):
-                batch.append(ev.RolloutRequested(rollout, (step - 1) * groups + g, step, p, version,
+            group = tuple(range(rollout, rollout + group_size))
+            for rid in group:
+                batch.append(ev.RolloutRequested(rid, (step - 1) * groups + g, step, p, version,
                                                  int(rng.integers(2**31)), {"temperature": 1.0, "max_tokens": 8}))
-                batch.append(ev.RolloutAssigned(rollout, "inference-0", 0))
-                ids.append(rollout)
-                rollout += 1
+            batch.append(ev.RolloutAssigned("inference-0", group, (0,) * group_size))
+            ids.extend(group)
+            rollout += group_size
         head = store.append(run_id, batch, expected_seq=head, epoch=epoch).seq
         done: list[ev.Event] = []
         for rid in ids:

@@ -236,13 +236,24 @@ class RolloutRequested(Event):
     ordinal: int = 0
 
 
-@event("RolloutAssigned")
+@event("RolloutAssigned", version=2)
 class RolloutAssigned(Event):
-    """A request is leased to a worker; ``attempt`` counts leases of the same request."""
+    """Requests leased to one worker, in rollout-id order.
 
-    rollout_id: int
+    ``attempts[i]`` counts the earlier leases of ``rollout_ids[i]`` (0 for its first lease).
+    One event carries every request a decision leases to the worker (schema version 1 leased
+    one request per event).
+    """
+
     worker_id: str
-    attempt: int
+    rollout_ids: tuple
+    attempts: tuple
+
+
+@upcaster("RolloutAssigned", 1)
+def _assigned_v1(body: Body) -> Body:
+    """Version 1 (``rollout_id``, ``worker_id``, ``attempt``): one request per event."""
+    return {"worker_id": body["worker_id"], "rollout_ids": (body["rollout_id"],), "attempts": (body["attempt"],)}
 
 
 @event("RolloutCompleted")

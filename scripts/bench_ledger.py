@@ -32,7 +32,7 @@ BATCHES = (1, 10, 100, 1000)
 
 
 def small_events(n: int, start: int = 0) -> list[RolloutAssigned]:
-    return [RolloutAssigned(start + i, "inference-17", 0) for i in range(n)]
+    return [RolloutAssigned("inference-17", (start + i,), (0,)) for i in range(n)]
 
 
 class LedgerWriter:

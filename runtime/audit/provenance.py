@@ -47,7 +47,7 @@ class Provenance:
 
     run: ev.RunStarted | None
     requests: dict[int, tuple[int, ev.RolloutRequested]]
-    assigned: dict[int, tuple[tuple[int, ev.RolloutAssigned], ...]]
+    assigned: dict[int, tuple[tuple[int, str, int], ...]]  # rollout -> (seq, worker, attempt) per lease
     abandoned: dict[int, tuple[tuple[int, ev.RolloutAbandoned], ...]]
     completed: dict[int, tuple[int, ev.RolloutCompleted]]
     outcomes: dict[int, tuple[int, ev.OutcomeRecorded]]
@@ -74,7 +74,8 @@ class Provenance:
             elif kind is ev.RolloutRequested:
                 tables["requests"].setdefault(e.rollout_id, (seq, e))
             elif kind is ev.RolloutAssigned:
-                assigned.setdefault(e.rollout_id, []).append((seq, e))
+                for rid, attempt in zip(e.rollout_ids, e.attempts):
+                    assigned.setdefault(rid, []).append((seq, e.worker_id, attempt))
             elif kind is ev.RolloutAbandoned:
                 abandoned.setdefault(e.rollout_id, []).append((seq, e))
             elif kind is ev.RolloutCompleted:
@@ -181,7 +182,7 @@ class Provenance:
         seq, q = self.requests[rid]
         history = [(seq, "requested", (f"group {q.group_id} of batch {q.batch}, prompt {q.prompt_index}, "
                                        f"version {q.policy_version}, seed {q.seed}"))]
-        history += [(s, "assigned", f"to {a.worker_id}, attempt {a.attempt}") for s, a in self.assigned.get(rid, ())]
+        history += [(s, "assigned", f"to {worker}, attempt {attempt}") for s, worker, attempt in self.assigned.get(rid, ())]
         history += [(s, "abandoned", f"attempt {a.attempt}: {a.reason}") for s, a in self.abandoned.get(rid, ())]
         if rid in self.completed:
             s, c = self.completed[rid]

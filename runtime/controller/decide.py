@@ -17,7 +17,8 @@ Rules, in priority order (the first that applies fires, then all are tried again
 4. **form** the next batch → (deterministic mode: ``GroupDiscarded`` of its unselected groups)
    ``BatchFormed``.
 5. **request** new groups → ``PromptsSampled`` + ``RolloutRequested`` × group size.
-6. **assign** pending requests to inference workers with free slots → ``RolloutAssigned``.
+6. **assign** pending requests to inference workers with free slots → one ``RolloutAssigned``
+   per worker.
 
 Deterministic mode: batch ``s`` is requested once version ``max(0, s-1-k)`` is published, and
 only from it. Its groups have ordinals 0, 1, …; ordinal ``o < G`` takes the prompt at stream
@@ -202,19 +203,17 @@ def _request(s: ControllerState) -> list[ev.Event]:
 
 
 def _assign(s: ControllerState) -> list[ev.Event]:
+    """Pending requests in id order fill the free workers in join order, one event per worker."""
     if not s.pending or not s.free:
         return []
     out: list[ev.Event] = []
-    free = list(s.free)
-    taken: dict[str, int] = {}
-    for rid in s.pending:
-        if not free:
+    pending, requests = s.pending, s.requests
+    start = 0
+    for _, wid in s.free:
+        if start == len(pending):
             break
-        _, wid = free[0]
         w = s.workers[wid]
-        active = taken.get(wid, w.active) + 1
-        taken[wid] = active
-        out.append(ev.RolloutAssigned(rid, wid, s.requests[rid].attempts))
-        if active >= w.slots:
-            free.pop(0)
+        ids = pending[start:start + w.slots - w.active]
+        start += len(ids)
+        out.append(ev.RolloutAssigned(wid, ids, tuple(requests[rid].attempts for rid in ids)))
     return out

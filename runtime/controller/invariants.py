@@ -88,10 +88,11 @@ class _Checker:
         elif kind is ev.RolloutRequested:
             self._requested(seq, e)
         elif kind is ev.RolloutAssigned:
-            q = self.requests.get(e.rollout_id)
-            if q is not None and q.policy_version in self.retired:
-                self.flag("I5", seq, f"rollout {e.rollout_id} leased after its version {q.policy_version} was retired")
-            self.leases[e.rollout_id] += 1
+            for rid in e.rollout_ids:
+                q = self.requests.get(rid)
+                if q is not None and q.policy_version in self.retired:
+                    self.flag("I5", seq, f"rollout {rid} leased after its version {q.policy_version} was retired")
+                self.leases[rid] += 1
         elif kind is ev.RolloutCompleted:
             self._completed(seq, e)
         elif kind is ev.OutcomeRecorded:

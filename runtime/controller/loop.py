@@ -164,8 +164,10 @@ class ControllerLoop:
             for e in batch:
                 kind = type(e)
                 if kind is ev.RolloutAssigned:
-                    self._held.setdefault(e.worker_id, {})[e.rollout_id] = None
-                    self._leased_at[e.rollout_id] = now
+                    held, leased_at = self._held.setdefault(e.worker_id, {}), self._leased_at
+                    for rid in e.rollout_ids:
+                        held[rid] = None
+                        leased_at[rid] = now
                 else:
                     observe(e)
                     if kind is ev.VersionsRetired and self.on_retire is not None:

@@ -195,17 +195,32 @@ def _rollout_requested(d: _Draft, e: ev.RolloutRequested) -> None:
 
 def _rollout_assigned(d: _Draft, e: ev.RolloutAssigned) -> None:
     _started(d, e)
-    r = _live(d, e, e.rollout_id)
-    if r.done or r.holder is not None or e.attempt != r.attempts:
-        raise _invalid(e, f"attempt {e.attempt} of rollout {e.rollout_id}, which is not pending (state {r})")
+    ids, n = e.rollout_ids, len(e.rollout_ids)
+    if n == 0 or len(e.attempts) != n:
+        raise _invalid(e, f"with {n} rollout ids and {len(e.attempts)} attempts")
     w = d.workers.get(e.worker_id)
-    if w is None or w.role != "inference" or w.active >= w.slots:
-        raise _invalid(e, f"to worker {e.worker_id!r}, which has no free inference slot")
-    w = w.evolve(active=w.active + 1)
+    if w is None or w.role != "inference" or w.active + n > w.slots:
+        raise _invalid(e, f"of {n} requests to worker {e.worker_id!r}, which has fewer free inference slots")
+    leased = []
+    previous = -1
+    for rid, attempt in zip(ids, e.attempts):
+        r = _live(d, e, rid)
+        if r.done or r.holder is not None or attempt != r.attempts or rid <= previous:
+            raise _invalid(e, f"attempt {attempt} of rollout {rid}, which is not pending in id order (state {r})")
+        leased.append(r.evolve(attempts=r.attempts + 1, holder=w.worker_id))
+        previous = rid
+    requests = d.requests
+    for r in leased:
+        requests[r.rollout_id] = r
+    pending = d.pending
+    if pending[:n] == tuple(ids):  # the usual case: the oldest pending requests
+        d.pending = pending[n:]
+    else:
+        taken = set(ids)
+        d.pending = tuple(rid for rid in pending if rid not in taken)
+    w = w.evolve(active=w.active + n)
     if w.active >= w.slots:
         d.free = remove_sorted(d.free, (w.order, w.worker_id))
-    d.requests[r.rollout_id] = r.evolve(attempts=r.attempts + 1, holder=w.worker_id)
-    d.pending = remove_sorted(d.pending, r.rollout_id)
     d.workers[w.worker_id] = w
 
 

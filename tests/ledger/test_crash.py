@@ -35,7 +35,7 @@ def _writer(path: str, ack_path: str, seed: int, ready) -> None:
     fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     while True:
         size = rng.choice((1, 2, 7, 30, 100))
-        evs = [RolloutAssigned(batch * 1000 + i, f"{batch}/{size}", i) for i in range(size)]
+        evs = [RolloutAssigned(f"{batch}/{size}", (batch * 1000 + i,), (i,)) for i in range(size)]
         head = store.append(RUN, evs, expected_seq=head, epoch=epoch).seq
         os.write(fd, struct.pack("<q", batch))
         batch += 1
@@ -58,7 +58,7 @@ class Checker:
                 self.batches = {}
             for s in store.read(RUN, start):
                 b, size = (int(x) for x in s.event.worker_id.split("/"))
-                self.batches.setdefault(b, []).append((s.event.attempt, size))
+                self.batches.setdefault(b, []).append((s.event.attempts[0], size))
             head = store.head(RUN).seq
         self.verified = head
         assert sorted(self.batches) == list(range(len(self.batches))), "a batch is missing in the middle"

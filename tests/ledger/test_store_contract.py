@@ -26,7 +26,7 @@ from ledger import chain
 
 
 def assigned(n: int, start: int = 0, worker: str = "w") -> list[RolloutAssigned]:
-    return [RolloutAssigned(start + i, worker, 0) for i in range(n)]
+    return [RolloutAssigned(worker, (start + i,), (0,)) for i in range(n)]
 
 
 class StoreContract:
@@ -104,7 +104,7 @@ class StoreContract:
 
     def test_unencodable_batch_writes_nothing(self, store, run):
         run_id, epoch = run
-        bad = RolloutAssigned(1, object(), 0)  # type: ignore[arg-type]
+        bad = RolloutAssigned(object(), (1,), (0,))  # type: ignore[arg-type]
         with pytest.raises(CodecError):
             store.append(run_id, assigned(3) + [bad], expected_seq=0, epoch=epoch)
         assert store.head(run_id).seq == 0
@@ -129,7 +129,7 @@ class StoreContract:
         store.append("x", assigned(3), expected_seq=0, epoch=ex)
         store.append("y", assigned(1, 50), expected_seq=0, epoch=ey)
         assert store.head("x").seq == 3 and store.head("y").seq == 1
-        assert [s.event.rollout_id for s in store.read("y")] == [50]
+        assert [s.event.rollout_ids for s in store.read("y")] == [(50,)]
         stats = store.stats()
         assert stats["runs"] == {"x": 3, "y": 1}
         assert stats["events_by_kind"] == {"RolloutAssigned": 4}
@@ -145,7 +145,7 @@ class StoreContract:
         def write(w: int) -> None:
             try:
                 for b in range(batches):
-                    evs = [RolloutAssigned(b * size + i, f"w{w}", b) for i in range(size)]
+                    evs = [RolloutAssigned(f"w{w}", (b * size + i,), (b,)) for i in range(size)]
                     while True:
                         head = store.head(run_id).seq
                         try:
@@ -179,8 +179,8 @@ class StoreContract:
         assert len(evs) == writers * batches * size
         for i in range(0, len(evs), size):
             chunk = evs[i : i + size]
-            assert len({e.worker_id for e in chunk}) == 1 and len({e.attempt for e in chunk}) == 1
-            assert [e.rollout_id % size for e in chunk] == list(range(size))
+            assert len({e.worker_id for e in chunk}) == 1 and len({e.attempts for e in chunk}) == 1
+            assert [e.rollout_ids[0] % size for e in chunk] == list(range(size))
         assert store.verify(run_id).ok
 
     def test_follow_yields_every_event_in_order_while_a_writer_appends(self, store, run):

@@ -82,3 +82,10 @@ def test_duplicate_registration_is_refused():
         @event("Dup", registry=reg)
         class B(Event):
             x: int
+
+
+def test_version_1_leases_read_as_one_request_leases():
+    from ledger import RolloutAssigned
+
+    body = pack({"attempt": 2, "rollout_id": 7, "worker_id": "inference-0"})
+    assert decode_body("RolloutAssigned", 1, body) == RolloutAssigned("inference-0", (7,), (2,))

@@ -97,7 +97,7 @@ def test_rollout_history_and_step(events):
     doc = prov.rollout(5)  # group 1 of batch 1, sample 1
     expected = [
         ("requested", one(events, ev.RolloutRequested, rollout_id=5)[0]),
-        ("assigned", one(events, ev.RolloutAssigned, rollout_id=5)[0]),
+        ("assigned", next(s.seq for s in events if isinstance(s.event, ev.RolloutAssigned) and 5 in s.event.rollout_ids)),
         ("completed", one(events, ev.RolloutCompleted, rollout_id=5)[0]),
         ("scored", one(events, ev.OutcomeRecorded, rollout_id=5)[0]),
         ("consumed", one(events, ev.BatchFormed, step=1)[0]),
@@ -223,9 +223,9 @@ def test_history_of_a_leased_twice_rollout_whose_group_was_discarded():
         ev.RunStarted("run", {"pretrain": {"steps": 0}}, "c" * 64, 5),
         ev.WeightsPublished(0, "a" * 64, -1, ""),
         ev.RolloutRequested(0, 0, 1, 17, 0, 99, sampling),
-        ev.RolloutAssigned(0, "w1", 0),
+        ev.RolloutAssigned("w1", (0,), (0,)),
         ev.RolloutAbandoned(0, 0, "lease expired"),
-        ev.RolloutAssigned(0, "w2", 1),
+        ev.RolloutAssigned("w2", (0,), (1,)),
         ev.RolloutCompleted(0, "w2", 1, 0, "a" * 64, np.array([3, 4], np.int32), np.zeros(2, np.float32), "stop"),
         ev.OutcomeRecorded(0, 0.0, False, "WA", "math", "math/1"),
         ev.GroupDiscarded(0, "uniform_reward"),

@@ -141,15 +141,43 @@ def test_leases_go_out_in_id_order_to_workers_in_join_order():
     assert [l.rollout_id for l in loop.leases("a")] == [0, 1]
     assert [l.rollout_id for l in loop.leases("b")] == [2]
     assert loop.state.pending == (3,)
+    assigned = [e for e in store.events("r") if isinstance(e, ev.RolloutAssigned)]
+    assert assigned == [ev.RolloutAssigned("a", (0, 1), (0, 0)), ev.RolloutAssigned("b", (2,), (0,))]
+
+
+def test_a_lease_event_is_checked_whole_before_it_folds():
+    store, loop = start("scheduling.max_staleness=0")
+    publish_v0(loop)  # four pending requests, no worker yet
+    s = fold([ev.WorkerJoined("w", INFERENCE, {}, 3)], loop.state)
+    assert s.pending == (0, 1, 2, 3)
+    bad = {
+        "out of id order": ev.RolloutAssigned("w", (1, 0), (0, 0)),
+        "twice": ev.RolloutAssigned("w", (2, 2), (0, 0)),
+        "wrong attempt": ev.RolloutAssigned("w", (0, 1), (0, 1)),
+        "too many for the slots": ev.RolloutAssigned("w", (0, 1, 2, 3), (0, 0, 0, 0)),
+        "ids and attempts differ in length": ev.RolloutAssigned("w", (0, 1), (0,)),
+        "empty": ev.RolloutAssigned("w", (), ()),
+        "unknown worker": ev.RolloutAssigned("x", (0,), (0,)),
+    }
+    for why, e in bad.items():
+        with pytest.raises(InvalidEvent):
+            reduce(s, e)
+            pytest.fail(why)
+    after = reduce(s, ev.RolloutAssigned("w", (1, 3), (0, 0)))  # not a prefix of the pending ids
+    assert after.pending == (0, 2)
+    assert [after.requests[r].holder for r in range(4)] == [None, "w", None, "w"]
+    assert after.workers["w"].active == 2 and after.free == s.free  # one slot left
+    full = reduce(after, ev.RolloutAssigned("w", (0,), (0,)))
+    assert full.free == () and full.pending == (2,)
 
 
 def test_reduce_rejects_events_that_cannot_follow():
     store, loop = start()
-    loop.join("w", INFERENCE, slots=4)
+    loop.join("w", INFERENCE, slots=64)
     publish_v0(loop)
     s = loop.state
     with pytest.raises(InvalidEvent, match="not a live request"):
-        reduce(s, ev.RolloutAssigned(999, "w", 0))
+        reduce(s, ev.RolloutAssigned("w", (999,), (0,)))
     with pytest.raises(InvalidEvent, match="already joined"):
         reduce(s, ev.WorkerJoined("w", INFERENCE))
     with pytest.raises(InvalidEvent, match="version 3"):

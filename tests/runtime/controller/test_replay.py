@@ -38,6 +38,21 @@ def test_golden_history_is_what_the_controller_writes_today(name):
     assert today[0].seed == golden[0].seed
 
 
+def test_a_history_with_one_request_leases_still_folds():
+    # Written when a RolloutAssigned leased one request (schema version 1): its records are
+    # upcast and fold to the same end; the lease decisions are not today's (one event per worker).
+    events = load(HERE / "v1_leases_deterministic_k1.msgpack")
+    leases = [e for e in events if isinstance(e, ev.RolloutAssigned)]
+    assert leases and all(len(e.rollout_ids) == 1 for e in leases)
+    state = replay(events, check=False)
+    today = load(HERE / "deterministic_k1.msgpack")
+    assert state.finished and state.versions == fold(today).versions
+    assert events[-1] == today[-1]  # the same final version and digest
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events)
+    assert info.value.kind == "RolloutAssigned" and info.value.field == "rollout_ids"
+
+
 def test_altered_history_raises_with_seq_and_field():
     events = load(HERE / "altered.msgpack")
     _, seq = altered(load(HERE / "deterministic_k1.msgpack"))

@@ -3,7 +3,9 @@
 Each golden history is a short simulated run, exported as one ``.msgpack`` file: a msgpack array
 of ``[kind, version, body]`` records, ``body`` being the event's canonical bytes as the ledger
 stores them. ``altered.msgpack`` is the deterministic history with one decision edited (a
-rollout's seed), which replay must reject.
+rollout's seed), which replay must reject. ``v1_leases_deterministic_k1.msgpack`` is the
+deterministic history as written when a ``RolloutAssigned`` leased one request (schema version
+1); it is not regenerated.
 
 Regenerate only when the event vocabulary or the controller's decisions change on purpose: the
 point of the files is that replay of old histories keeps working.
