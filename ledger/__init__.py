@@ -27,6 +27,7 @@ from ledger.events import (
     RolloutRequested,
     RunFinished,
     RunStarted,
+    SampleRequest,
     TrainStepCompleted,
     VersionsRetired,
     WeightsPublished,

@@ -45,9 +45,9 @@ def write_demo_run(store: EventStore, *, steps: int = 20, group_size: int = 4, g
         ids = []
         for g, p in enumerate(prompts):
             group = tuple(range(rollout, rollout + group_size))
-            for rid in group:
-                batch.append(ev.RolloutRequested(rid, (step - 1) * groups + g, step, p, version,
-                                                 int(rng.integers(2**31)), {"temperature": 1.0, "max_tokens": 8}))
+            seeds = tuple(int(s) for s in rng.integers(2**31, size=group_size))
+            batch.append(ev.RolloutRequested(group, (step - 1) * groups + g, step, p, version, seeds,
+                                             {"temperature": 1.0, "max_tokens": 8}))
             batch.append(ev.RolloutAssigned("inference-0", group, (0,) * group_size))
             ids.extend(group)
             rollout += group_size

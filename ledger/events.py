@@ -17,7 +17,7 @@ numbers), so that ordering by id is deterministic.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, NamedTuple
 
 import numpy as np
 
@@ -217,14 +217,8 @@ class PromptsSampled(Event):
     position: int = -1
 
 
-@event("RolloutRequested")
-class RolloutRequested(Event):
-    """One sample of a group is requested from ``policy_version`` with its own sampling seed.
-
-    ``batch`` is the batch the group is requested for and ``ordinal`` the group's position
-    among that batch's groups; the seed is a pure function of (run seed, batch, ordinal,
-    sample), so a request's content never depends on when it was made.
-    """
+class SampleRequest(NamedTuple):
+    """One requested rollout: the fields of its ``RolloutRequested`` with its own id and seed."""
 
     rollout_id: int
     group_id: int
@@ -233,7 +227,45 @@ class RolloutRequested(Event):
     policy_version: int
     seed: int
     sampling: dict
+    ordinal: int
+
+
+@event("RolloutRequested", version=2)
+class RolloutRequested(Event):
+    """Samples of group ``group_id`` requested from ``policy_version``, each with its own seed.
+
+    ``rollout_ids`` are consecutive and ``seeds[i]`` is the sampling seed of ``rollout_ids[i]``.
+    ``batch`` is the batch the group is requested for and ``ordinal`` the group's position
+    among that batch's groups; a seed is a pure function of (run seed, batch, ordinal, sample),
+    so a request's content never depends on when it was made. The controller requests a
+    group's samples in one event (schema version 1 requested one sample per event, so a group
+    may span several events of an older ledger).
+    """
+
+    rollout_ids: tuple
+    group_id: int
+    batch: int
+    prompt_index: int
+    policy_version: int
+    seeds: tuple
+    sampling: dict
     ordinal: int = 0
+
+    def samples(self) -> tuple[SampleRequest, ...]:
+        """One :class:`SampleRequest` per requested rollout, in id order."""
+        return tuple(
+            SampleRequest(rid, self.group_id, self.batch, self.prompt_index, self.policy_version, seed,
+                          self.sampling, self.ordinal)
+            for rid, seed in zip(self.rollout_ids, self.seeds)
+        )
+
+
+@upcaster("RolloutRequested", 1)
+def _requested_v1(body: Body) -> Body:
+    """Version 1 (``rollout_id``, ``seed``): one sample per event."""
+    body["rollout_ids"] = (body.pop("rollout_id"),)
+    body["seeds"] = (body.pop("seed"),)
+    return body
 
 
 @event("RolloutAssigned", version=2)

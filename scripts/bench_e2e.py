@@ -122,7 +122,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     config = Config.from_dict(events[0].config)
     session = build_session(config, log=lambda m: None)
     step_config = make_step_config(config, session)
-    requests = {e.rollout_id: e for e in events if e.KIND == "RolloutRequested"}
+    requests = {q.rollout_id: q for e in events if e.KIND == "RolloutRequested" for q in e.samples()}
     completions = {e.rollout_id: e for e in events if e.KIND == "RolloutCompleted"}
     outcomes = {e.rollout_id: e for e in events if e.KIND == "OutcomeRecorded"}
     batches = [e for e in events if e.KIND == "BatchFormed"]

@@ -46,7 +46,7 @@ class Provenance:
     """Indexes of one run's events, by rollout, group, step and version (each entry ``(seq, event)``)."""
 
     run: ev.RunStarted | None
-    requests: dict[int, tuple[int, ev.RolloutRequested]]
+    requests: dict[int, tuple[int, ev.SampleRequest]]
     assigned: dict[int, tuple[tuple[int, str, int], ...]]  # rollout -> (seq, worker, attempt) per lease
     abandoned: dict[int, tuple[tuple[int, ev.RolloutAbandoned], ...]]
     completed: dict[int, tuple[int, ev.RolloutCompleted]]
@@ -72,7 +72,8 @@ class Provenance:
             if kind is ev.RunStarted:
                 run = run or e
             elif kind is ev.RolloutRequested:
-                tables["requests"].setdefault(e.rollout_id, (seq, e))
+                for q in e.samples():
+                    tables["requests"].setdefault(q.rollout_id, (seq, q))
             elif kind is ev.RolloutAssigned:
                 for rid, attempt in zip(e.rollout_ids, e.attempts):
                     assigned.setdefault(rid, []).append((seq, e.worker_id, attempt))

@@ -16,7 +16,7 @@ class RolloutCache:
     """Payload events of live rollouts, by rollout id; ``observe`` every event in ledger order."""
 
     def __init__(self) -> None:
-        self.requests: dict[int, ev.RolloutRequested] = {}
+        self.requests: dict[int, ev.SampleRequest] = {}
         self.completions: dict[int, ev.RolloutCompleted] = {}
         self.outcomes: dict[int, ev.OutcomeRecorded] = {}
         self.unscored: dict[int, None] = {}  # completion order
@@ -37,8 +37,10 @@ class RolloutCache:
             handler(self, e)
 
     def _requested(self, e: ev.RolloutRequested) -> None:
-        self.requests[e.rollout_id] = e
-        self._groups.setdefault(e.group_id, []).append(e.rollout_id)
+        requests = self.requests
+        for q in e.samples():
+            requests[q.rollout_id] = q
+        self._groups.setdefault(e.group_id, []).extend(e.rollout_ids)
 
     def _completed(self, e: ev.RolloutCompleted) -> None:
         self.completions[e.rollout_id] = e

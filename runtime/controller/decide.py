@@ -16,7 +16,7 @@ Rules, in priority order (the first that applies fires, then all are tried again
    ``GroupDiscarded(uniform_reward)``.
 4. **form** the next batch → (deterministic mode: ``GroupDiscarded`` of its unselected groups)
    ``BatchFormed``.
-5. **request** new groups → ``PromptsSampled`` + ``RolloutRequested`` × group size.
+5. **request** new groups → ``PromptsSampled`` + one ``RolloutRequested`` per group.
 6. **assign** pending requests to inference workers with free slots → one ``RolloutAssigned``
    per worker.
 
@@ -156,12 +156,10 @@ def _form(s: ControllerState) -> list[ev.Event]:
 
 def _group(s: ControllerState, batch: int, ordinal: int, prompt: int, version: int) -> list[ev.Event]:
     spec = s.spec
-    gid, first = s.next_group_id, s.next_rollout_id
-    seeds = rng.rollout_seeds(spec.seed, batch, ordinal, spec.group_size)
-    return [
-        ev.RolloutRequested(first + i, gid, batch, prompt, version, seed, spec.sampling, ordinal)
-        for i, seed in enumerate(seeds)
-    ]
+    first, size = s.next_rollout_id, spec.group_size
+    seeds = rng.rollout_seeds(spec.seed, batch, ordinal, size)
+    return [ev.RolloutRequested(tuple(range(first, first + size)), s.next_group_id, batch, prompt, version, seeds,
+                                spec.sampling, ordinal)]
 
 
 def _draw(spec: ControllerSpec, position: int) -> tuple[int, int]:

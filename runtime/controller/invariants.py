@@ -52,7 +52,7 @@ class _Checker:
         self.digest_of = digest_of
         self.out: list[Violation] = []
         self.spec: ControllerSpec | None = None
-        self.requests: dict[int, ev.RolloutRequested] = {}
+        self.requests: dict[int, ev.SampleRequest] = {}
         self.groups: dict[int, list[int]] = defaultdict(list)
         self.leases: dict[int, int] = defaultdict(int)
         self.completed: dict[int, ev.RolloutCompleted] = {}
@@ -120,14 +120,15 @@ class _Checker:
             self._retired(seq, e)
 
     def _requested(self, seq: int, e: ev.RolloutRequested) -> None:
-        if e.rollout_id in self.requests:
-            self.flag("I4", seq, f"rollout {e.rollout_id} requested twice")
-            return
-        if e.policy_version in self.retired:
-            self.flag("I5", seq, f"rollout {e.rollout_id} requested from retired version {e.policy_version}")
-        self.requests[e.rollout_id] = e
-        self.groups[e.group_id].append(e.rollout_id)
-        self.incomplete[e.policy_version] += 1
+        for q in e.samples():
+            if q.rollout_id in self.requests:
+                self.flag("I4", seq, f"rollout {q.rollout_id} requested twice")
+                continue
+            if q.policy_version in self.retired:
+                self.flag("I5", seq, f"rollout {q.rollout_id} requested from retired version {q.policy_version}")
+            self.requests[q.rollout_id] = q
+            self.groups[q.group_id].append(q.rollout_id)
+            self.incomplete[q.policy_version] += 1
         if self.spec is not None and self.spec.mode == DETERMINISTIC:
             self.requested_batch = max(self.requested_batch, e.batch)
             self.open_batches.setdefault(e.batch, e.policy_version)

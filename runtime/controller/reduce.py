@@ -159,13 +159,16 @@ def _prompts_sampled(d: _Draft, e: ev.PromptsSampled) -> None:
 
 def _rollout_requested(d: _Draft, e: ev.RolloutRequested) -> None:
     spec = _started(d, e)
-    if e.rollout_id != d.next_rollout_id:
-        raise _invalid(e, f"for rollout {e.rollout_id}; the next rollout id is {d.next_rollout_id}")
+    ids, n, first = e.rollout_ids, len(e.rollout_ids), d.next_rollout_id
+    if n == 0 or len(e.seeds) != n or tuple(ids) != tuple(range(first, first + n)):
+        raise _invalid(e, f"for rollouts {tuple(ids)} with {len(e.seeds)} seeds; the next rollout id is {first}")
     if e.policy_version not in d.versions:
         raise _invalid(e, f"from version {e.policy_version}, which is not a published, retained version")
     gid = e.group_id
     if gid == d.next_group_id:
-        g = Group(gid, e.batch, e.ordinal, e.prompt_index, e.policy_version, (e.rollout_id,))
+        if n > spec.group_size:
+            raise _invalid(e, f"requests {n} samples; groups have {spec.group_size}")
+        g = Group(gid, e.batch, e.ordinal, e.prompt_index, e.policy_version, tuple(ids))
         if spec.mode == DETERMINISTIC:
             plan = d.plans.get(e.batch) or Plan(e.batch, e.policy_version)
             if e.ordinal != len(plan.groups):
@@ -179,18 +182,20 @@ def _rollout_requested(d: _Draft, e: ev.RolloutRequested) -> None:
             d.label = (e.batch + 1, 0) if nxt == spec.groups_per_batch else (e.batch, nxt)
         d.next_group_id = gid + 1
         _bump(d.group_versions, e.policy_version, 1)
-    else:
+    else:  # more samples of the open group (a group may span events)
         g = d.groups.get(gid)
-        if g is None or gid != d.next_group_id - 1 or len(g.rollout_ids) >= spec.group_size:
-            raise _invalid(e, f"adds to group {gid}, which is not the open group")
+        if g is None or gid != d.next_group_id - 1 or len(g.rollout_ids) + n > spec.group_size:
+            raise _invalid(e, f"adds {n} samples to group {gid}, which is not the open group or has no room")
         if (g.batch, g.ordinal, g.prompt_index, g.policy_version) != (e.batch, e.ordinal, e.prompt_index, e.policy_version):
             raise _invalid(e, f"differs from its group {gid} in batch, ordinal, prompt or version")
-        g = g.evolve(rollout_ids=g.rollout_ids + (e.rollout_id,))
-    d.next_rollout_id = e.rollout_id + 1
+        g = g.evolve(rollout_ids=g.rollout_ids + tuple(ids))
+    d.next_rollout_id = first + n
     d.groups[gid] = g
-    d.requests[e.rollout_id] = Request(e.rollout_id, gid, e.policy_version)
-    d.pending += (e.rollout_id,)  # the newest id: the tuple stays sorted
-    _bump(d.version_refs, e.policy_version, 1)
+    requests, version = d.requests, e.policy_version
+    for rid in ids:
+        requests[rid] = Request(rid, gid, version)
+    d.pending += tuple(ids)  # the newest ids: the tuple stays sorted
+    _bump(d.version_refs, version, n)
 
 
 def _rollout_assigned(d: _Draft, e: ev.RolloutAssigned) -> None:

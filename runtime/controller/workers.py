@@ -18,7 +18,7 @@ from ledger.events import (
     BatchFormed,
     OutcomeRecorded,
     RolloutCompleted,
-    RolloutRequested,
+    SampleRequest,
     TrainStepCompleted,
     WeightsPublished,
 )
@@ -59,7 +59,7 @@ class ScoreTask(NamedTuple):
 class TrainRollout(NamedTuple):
     """One rollout of a training batch with everything the trainer needs."""
 
-    request: RolloutRequested
+    request: SampleRequest
     completion: RolloutCompleted
     outcome: OutcomeRecorded
 

@@ -107,7 +107,7 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
         accepted completion or outcome.
     """
     run: ev.RunStarted | None = None
-    requests: dict[int, ev.RolloutRequested] = {}
+    requests: dict[int, ev.SampleRequest] = {}
     completions: dict[int, tuple[int, ev.RolloutCompleted]] = {}
     outcomes: dict[int, ev.OutcomeRecorded] = {}
     batches: dict[int, tuple[int, ev.BatchFormed]] = {}
@@ -125,7 +125,8 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
             pending = []
         pending.append(seq)
         if kind is ev.RolloutRequested:
-            requests[e.rollout_id] = e
+            for q in e.samples():
+                requests[q.rollout_id] = q
         elif kind is ev.RolloutCompleted:
             completions.setdefault(e.rollout_id, (seq, e))
         elif kind is ev.OutcomeRecorded:

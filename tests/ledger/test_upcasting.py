@@ -89,3 +89,13 @@ def test_version_1_leases_read_as_one_request_leases():
 
     body = pack({"attempt": 2, "rollout_id": 7, "worker_id": "inference-0"})
     assert decode_body("RolloutAssigned", 1, body) == RolloutAssigned("inference-0", (7,), (2,))
+
+
+def test_version_1_requests_read_as_one_sample_requests():
+    from ledger import RolloutRequested
+
+    body = pack({"batch": 1, "group_id": 2, "ordinal": 0, "policy_version": 0, "prompt_index": 9,
+                 "rollout_id": 7, "sampling": {"max_tokens": 4}, "seed": 11})
+    e = decode_body("RolloutRequested", 1, body)
+    assert e == RolloutRequested((7,), 2, 1, 9, 0, (11,), {"max_tokens": 4}, 0)
+    assert [(q.rollout_id, q.seed, q.group_id) for q in e.samples()] == [(7, 11, 2)]

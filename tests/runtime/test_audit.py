@@ -96,7 +96,7 @@ def test_rollout_history_and_step(events):
     prov = Provenance.from_events(events)
     doc = prov.rollout(5)  # group 1 of batch 1, sample 1
     expected = [
-        ("requested", one(events, ev.RolloutRequested, rollout_id=5)[0]),
+        ("requested", next(s.seq for s in events if isinstance(s.event, ev.RolloutRequested) and 5 in s.event.rollout_ids)),
         ("assigned", next(s.seq for s in events if isinstance(s.event, ev.RolloutAssigned) and 5 in s.event.rollout_ids)),
         ("completed", one(events, ev.RolloutCompleted, rollout_id=5)[0]),
         ("scored", one(events, ev.OutcomeRecorded, rollout_id=5)[0]),
@@ -222,7 +222,7 @@ def test_history_of_a_leased_twice_rollout_whose_group_was_discarded():
     events = _stored([
         ev.RunStarted("run", {"pretrain": {"steps": 0}}, "c" * 64, 5),
         ev.WeightsPublished(0, "a" * 64, -1, ""),
-        ev.RolloutRequested(0, 0, 1, 17, 0, 99, sampling),
+        ev.RolloutRequested((0,), 0, 1, 17, 0, (99,), sampling),
         ev.RolloutAssigned("w1", (0,), (0,)),
         ev.RolloutAbandoned(0, 0, "lease expired"),
         ev.RolloutAssigned("w2", (0,), (1,)),

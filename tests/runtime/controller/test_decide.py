@@ -27,7 +27,8 @@ def publish_v0(loop):
 
 
 def requested(store):
-    return [e for e in store.events("r") if isinstance(e, ev.RolloutRequested)]
+    """Every requested sample, in id order."""
+    return [q for e in store.events("r") if isinstance(e, ev.RolloutRequested) for q in e.samples()]
 
 
 @pytest.mark.parametrize("k, batches", [(0, {1}), (1, {1, 2}), (2, {1, 2, 3})])
@@ -84,7 +85,7 @@ def test_uniform_groups_are_replaced_and_discarded_in_ordinal_order():
     members = {}
     for e in events:
         if isinstance(e, ev.RolloutRequested):
-            members.setdefault(e.group_id, []).append(rewards[e.rollout_id])
+            members.setdefault(e.group_id, []).extend(rewards[rid] for rid in e.rollout_ids)
     assert all(len(set(members[d.group_id])) == 1 for d in discarded)
     replacements = [e for e in events if isinstance(e, ev.PromptsSampled) and e.position == -1]
     assert len(replacements) >= len(discarded)  # every dropped group was replaced by a new draw
@@ -169,6 +170,29 @@ def test_a_lease_event_is_checked_whole_before_it_folds():
     assert after.workers["w"].active == 2 and after.free == s.free  # one slot left
     full = reduce(after, ev.RolloutAssigned("w", (0,), (0,)))
     assert full.free == () and full.pending == (2,)
+
+
+def test_a_group_request_is_checked_whole_and_a_group_may_span_events():
+    store, loop = start("scheduling.max_staleness=0")  # groups of 2
+    s = fold([ev.WeightsPublished(0, "d0", -1, "")], loop.state)
+    sampling = loop.state.spec.sampling
+    bad = {
+        "more samples than a group": ev.RolloutRequested((0, 1, 2), 0, 1, 5, 0, (1, 2, 3), sampling, 0),
+        "ids not from the next id": ev.RolloutRequested((1, 2), 0, 1, 5, 0, (1, 2), sampling, 0),
+        "ids not consecutive": ev.RolloutRequested((0, 2), 0, 1, 5, 0, (1, 2), sampling, 0),
+        "a seed missing": ev.RolloutRequested((0, 1), 0, 1, 5, 0, (1,), sampling, 0),
+        "an unpublished version": ev.RolloutRequested((0, 1), 0, 1, 5, 1, (1, 2), sampling, 0),
+    }
+    for why, e in bad.items():
+        with pytest.raises(InvalidEvent):
+            reduce(s, e)
+            pytest.fail(why)
+    half = reduce(s, ev.RolloutRequested((0,), 0, 1, 5, 0, (1,), sampling, 0))
+    whole = reduce(half, ev.RolloutRequested((1,), 0, 1, 5, 0, (2,), sampling, 0))
+    assert whole == reduce(s, ev.RolloutRequested((0, 1), 0, 1, 5, 0, (1, 2), sampling, 0))
+    assert whole.groups[0].rollout_ids == (0, 1) and whole.pending == (0, 1)
+    with pytest.raises(InvalidEvent, match="no room"):
+        reduce(whole, ev.RolloutRequested((2,), 0, 1, 5, 0, (3,), sampling, 0))
 
 
 def test_reduce_rejects_events_that_cannot_follow():

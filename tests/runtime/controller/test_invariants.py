@@ -56,7 +56,7 @@ def test_rollout_beyond_the_staleness_bound_is_caught():
     # Pretend batch 4's rollouts were requested from version 0 (staleness 3).
     ids = set(b.rollout_ids)
     for j, e in enumerate(events[:i]):
-        if isinstance(e, ev.RolloutRequested) and e.rollout_id in ids:
+        if isinstance(e, ev.RolloutRequested) and ids.intersection(e.rollout_ids):
             events[j] = dataclasses.replace(e, policy_version=0)
     events[i] = dataclasses.replace(b, policy_versions=(0,) * len(b.rollout_ids))
     violations = [v for v in check(events, decisions=False) if v.invariant == "I1"]
@@ -82,7 +82,7 @@ def test_late_completion_of_a_discarded_group_is_caught():
     events = golden("deterministic_k0_filtered")
     d = where(events, ev.GroupDiscarded)
     gid = events[d].group_id
-    rid = next(e.rollout_id for e in events if isinstance(e, ev.RolloutRequested) and e.group_id == gid)
+    rid = next(e.rollout_ids[0] for e in events if isinstance(e, ev.RolloutRequested) and e.group_id == gid)
     late = ev.RolloutCompleted(rid, "zombie", 0, 0, "x" * 64, np.zeros(2, np.int32), np.zeros(2, np.float32), "stop")
     events.insert(d + 1, late)
     assert any(v.invariant == "I4" and "late" in v.message for v in check(events, decisions=False))
@@ -116,6 +116,7 @@ def test_stored_weights_must_match_their_digests():
 def test_deterministic_batch_with_a_foreign_seed_is_caught():
     events = golden()
     i = where(events, ev.RolloutRequested, 0)
-    events[i] = dataclasses.replace(events[i], seed=events[i].seed ^ 1)
+    seeds = events[i].seeds
+    events[i] = dataclasses.replace(events[i], seeds=(seeds[0] ^ 1, *seeds[1:]))
     kinds = found(events)
     assert {"I6", "I7"} <= kinds

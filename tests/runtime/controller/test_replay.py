@@ -38,11 +38,14 @@ def test_golden_history_is_what_the_controller_writes_today(name):
     assert today[0].seed == golden[0].seed
 
 
-def test_a_history_with_one_request_leases_still_folds():
-    # Written when a RolloutAssigned leased one request (schema version 1): its records are
-    # upcast and fold to the same end; the lease decisions are not today's (one event per worker).
-    events = load(HERE / "v1_leases_deterministic_k1.msgpack")
+def test_a_history_of_one_sample_requests_and_leases_still_folds():
+    # Written when RolloutRequested and RolloutAssigned named one rollout each (schema version
+    # 1): its records are upcast, a group spans several request events, and the fold reaches
+    # the same end. Its decisions are not today's (one event per group, one per worker).
+    events = load(HERE / "v1_deterministic_k1.msgpack")
+    requests = [e for e in events if isinstance(e, ev.RolloutRequested)]
     leases = [e for e in events if isinstance(e, ev.RolloutAssigned)]
+    assert requests and all(len(e.rollout_ids) == len(e.seeds) == 1 for e in requests)
     assert leases and all(len(e.rollout_ids) == 1 for e in leases)
     state = replay(events, check=False)
     today = load(HERE / "deterministic_k1.msgpack")
@@ -50,7 +53,7 @@ def test_a_history_with_one_request_leases_still_folds():
     assert events[-1] == today[-1]  # the same final version and digest
     with pytest.raises(ReplayDivergence) as info:
         replay(events)
-    assert info.value.kind == "RolloutAssigned" and info.value.field == "rollout_ids"
+    assert info.value.kind == "RolloutRequested" and info.value.field == "rollout_ids"
 
 
 def test_altered_history_raises_with_seq_and_field():
@@ -59,9 +62,9 @@ def test_altered_history_raises_with_seq_and_field():
     with pytest.raises(ReplayDivergence) as info:
         replay(events)
     err = info.value
-    assert (err.seq, err.kind, err.field) == (seq, "RolloutRequested", "seed")
-    assert err.logged == err.decided + 1
-    assert f"seq {seq}" in str(err) and "'seed'" in str(err)
+    assert (err.seq, err.kind, err.field) == (seq, "RolloutRequested", "seeds")
+    assert err.logged[1] == err.decided[1] + 1
+    assert f"seq {seq}" in str(err) and "'seeds'" in str(err)
 
 
 def test_replay_of_stored_events_names_ledger_seqs():

@@ -3,9 +3,9 @@
 Each golden history is a short simulated run, exported as one ``.msgpack`` file: a msgpack array
 of ``[kind, version, body]`` records, ``body`` being the event's canonical bytes as the ledger
 stores them. ``altered.msgpack`` is the deterministic history with one decision edited (a
-rollout's seed), which replay must reject. ``v1_leases_deterministic_k1.msgpack`` is the
-deterministic history as written when a ``RolloutAssigned`` leased one request (schema version
-1); it is not regenerated.
+rollout's seed), which replay must reject. ``v1_deterministic_k1.msgpack`` is the
+deterministic history as written when ``RolloutRequested`` and ``RolloutAssigned`` named one
+rollout each (schema version 1); it is not regenerated.
 
 Regenerate only when the event vocabulary or the controller's decisions change on purpose: the
 point of the files is that replay of old histories keeps working.
@@ -60,10 +60,11 @@ def load(path: pathlib.Path) -> list[ev.Event]:
 
 
 def altered(events: list[ev.Event]) -> tuple[list[ev.Event], int]:
-    """``events`` with the seed of the fifth rollout request changed; returns its seq too."""
+    """``events`` with the seed of the fifth group's second sample changed; returns its seq too."""
     out = list(events)
     index = [i for i, e in enumerate(out) if isinstance(e, ev.RolloutRequested)][4]
-    out[index] = dataclasses.replace(out[index], seed=out[index].seed + 1)
+    seeds = out[index].seeds
+    out[index] = dataclasses.replace(out[index], seeds=(seeds[0], seeds[1] + 1, *seeds[2:]))
     return out, index + 1
 
 
