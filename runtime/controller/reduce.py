@@ -205,7 +205,7 @@ def _rollout_assigned(d: _Draft, e: ev.RolloutAssigned) -> None:
         raise _invalid(e, f"with {n} rollout ids and {len(e.attempts)} attempts")
     w = d.workers.get(e.worker_id)
     if w is None or w.role != "inference" or w.active + n > w.slots:
-        raise _invalid(e, f"of {n} requests to worker {e.worker_id!r}, which has fewer free inference slots")
+        raise _invalid(e, f"of {n} requests to worker {e.worker_id!r}, which is not an inference worker with {n} free slots")
     leased = []
     previous = -1
     for rid, attempt in zip(ids, e.attempts):
