@@ -101,7 +101,7 @@ def rollout(console: Console, doc: dict[str, Any]) -> None:
         ("sampling", doc["sampling"]),
         ("policy version", doc["policy_version"]),
         ("staleness", doc["staleness"]),
-        ("worker", f"{_fmt(doc['worker'])} ({doc['attempts']} leases)"),
+        ("worker", f"{_fmt(doc['worker'])} ({doc['attempts']} lease{'' if doc['attempts'] == 1 else 's'})"),
         ("outcome", None if doc["reward"] is None else
          f"reward {_fmt(doc['reward'])}, {doc['verdict']} by {doc['verifier']} {doc['verifier_version']}"),
         ("consumed by step", doc["consumed_by_step"]),
