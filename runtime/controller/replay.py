@@ -10,10 +10,16 @@ see ``admit.DECISION_KINDS``), and
 
 The first disagreement raises :class:`ReplayDivergence` with the seq, the kind and the first
 differing field, like Temporal's non-determinism error but comparing payloads too (I6).
+
+A decision that names several rollouts (a group's ``RolloutRequested``, a worker's
+``RolloutAssigned``) matches logged events that split it into consecutive parts in order:
+ledgers written when each of these events named one rollout replay and resume unchanged, and
+the parts fold to the same state as the whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -84,6 +90,13 @@ def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState =
                                        f"logged {event.KIND} was not decided (decide had {len(expected)} events here)")
             want = expected[cursor]
             field = event.first_difference(want)
+            if field is not None and type(event) in _SPLITTABLE and type(want) is type(event):
+                parts = _split(want, len(event.rollout_ids))
+                if parts is not None:
+                    want = parts[0]
+                    field = event.first_difference(want)
+                    if field is None:
+                        expected[cursor:cursor + 1] = parts
             if field == "KIND":
                 raise ReplayDivergence(seq, event.KIND, "kind", event.KIND, want.KIND)
             if field is not None:
@@ -102,6 +115,19 @@ def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState =
     if tail:
         _missing(seq + 1, None, tail, 0)
     return state
+
+
+_SPLITTABLE = {ev.RolloutRequested: ("rollout_ids", "seeds"), ev.RolloutAssigned: ("rollout_ids", "attempts")}
+
+
+def _split(decided: ev.Event, n: int) -> tuple[ev.Event, ev.Event] | None:
+    """``decided`` as its first ``n`` rollouts and the rest, or None if ``n`` does not split it."""
+    if not 0 < n < len(decided.rollout_ids):
+        return None
+    names = _SPLITTABLE[type(decided)]
+    head = dataclasses.replace(decided, **{name: tuple(getattr(decided, name)[:n]) for name in names})
+    tail = dataclasses.replace(decided, **{name: tuple(getattr(decided, name)[n:]) for name in names})
+    return head, tail
 
 
 def _apply(folder: Folder, seq: int, event: ev.Event) -> None:

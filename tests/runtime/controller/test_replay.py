@@ -9,6 +9,7 @@ import pytest
 from ledger import events as ev
 from ledger import open_store
 from runtime.controller import ReplayDivergence, replay
+from runtime.controller.invariants import check
 from runtime.controller.reduce import fold
 from tests.runtime.controller.golden.regenerate import HERE, RUNS, altered, load, simulate
 
@@ -38,22 +39,36 @@ def test_golden_history_is_what_the_controller_writes_today(name):
     assert today[0].seed == golden[0].seed
 
 
-def test_a_history_of_one_sample_requests_and_leases_still_folds():
+def test_a_history_of_one_sample_requests_and_leases_still_replays():
     # Written when RolloutRequested and RolloutAssigned named one rollout each (schema version
-    # 1): its records are upcast, a group spans several request events, and the fold reaches
-    # the same end. Its decisions are not today's (one event per group, one per worker).
+    # 1): its records are upcast, a group spans several request events, and the decisions
+    # check against today's (one event per group, one per worker) split into those parts.
     events = load(HERE / "v1_deterministic_k1.msgpack")
     requests = [e for e in events if isinstance(e, ev.RolloutRequested)]
     leases = [e for e in events if isinstance(e, ev.RolloutAssigned)]
     assert requests and all(len(e.rollout_ids) == len(e.seeds) == 1 for e in requests)
     assert leases and all(len(e.rollout_ids) == 1 for e in leases)
-    state = replay(events, check=False)
     today = load(HERE / "deterministic_k1.msgpack")
-    assert state.finished and state.versions == fold(today).versions
+    state = replay(events)
+    assert state == replay(events, check=False)
+    assert state._replace(config_digest="") == replay(today)._replace(config_digest="")  # the config grew since
     assert events[-1] == today[-1]  # the same final version and digest
+    assert check(events) == []  # and the audit's invariants, I6 included, hold
+
+
+def test_a_split_decision_must_match_part_by_part():
+    events = load(HERE / "v1_deterministic_k1.msgpack")
+    i = _index(events, ev.RolloutRequested, 4)  # the second sample of the second group
+    events[i] = dataclasses.replace(events[i], seeds=(events[i].seeds[0] + 1,))
     with pytest.raises(ReplayDivergence) as info:
         replay(events)
-    assert info.value.kind == "RolloutRequested" and info.value.field == "rollout_ids"
+    assert (info.value.seq, info.value.field) == (i + 1, "seeds")
+    events = load(HERE / "v1_deterministic_k1.msgpack")
+    j = _index(events, ev.RolloutRequested, 1)
+    events[j], events[j + 1] = events[j + 1], events[j]  # two parts out of order
+    with pytest.raises(ReplayDivergence) as info:
+        replay(events)
+    assert (info.value.seq, info.value.field) == (j + 1, "rollout_ids")
 
 
 def test_altered_history_raises_with_seq_and_field():
