@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgpack
 import pytest
 
 from ledger import events as ev
 from ledger import open_store
 from runtime.controller import ReplayDivergence, replay
+from runtime.controller.admit import DECISION_KINDS
 from runtime.controller.invariants import check
+from runtime.controller.loop import ControllerLoop
+from runtime.controller.simulation import run_to_end
 from runtime.controller.reduce import fold
 from tests.runtime.controller.golden.regenerate import HERE, RUNS, altered, load, simulate
 
@@ -54,6 +58,22 @@ def test_a_history_of_one_sample_requests_and_leases_still_replays():
     assert state._replace(config_digest="") == replay(today)._replace(config_digest="")  # the config grew since
     assert events[-1] == today[-1]  # the same final version and digest
     assert check(events) == []  # and the audit's invariants, I6 included, hold
+
+
+def test_a_run_written_with_one_sample_requests_resumes_to_the_same_end():
+    records = msgpack.unpackb((HERE / "v1_deterministic_k1.msgpack").read_bytes(), raw=False)
+    events = load(HERE / "v1_deterministic_k1.msgpack")
+    # Cut after the decision run that requests batch 3 (a committed transaction's end).
+    i = next(j for j, e in enumerate(events) if isinstance(e, ev.RolloutRequested) and e.batch == 3)
+    cut = next(j for j in range(i + 1, len(events)) if type(events[j]) not in DECISION_KINDS)
+    store = open_store("memory://")
+    store.create_run("golden")
+    store._append_encoded("golden", [tuple(r) for r in records[:cut]], 0, store.acquire_epoch("golden"))
+    assert [r.version for r in store.scan("golden") if r.kind == "RolloutRequested"][0] == 1  # stored as written
+    loop = ControllerLoop.resume(store, "golden")
+    run_to_end(loop, workers=2, slots=2)
+    assert store.events("golden")[-1] == events[-1]  # the same final version and digest
+    assert check(store.events("golden")) == []
 
 
 def test_a_split_decision_must_match_part_by_part():
