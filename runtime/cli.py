@@ -57,7 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # what follows belongs to another tool (e.g. Beam pipeline options)
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if passthrough and not getattr(args, "takes_passthrough", False):
+        parser.error(f"unexpected arguments after --: {' '.join(passthrough)}")
+    args.passthrough = passthrough
     errors = _user_error_types()
     try:
         status = args.func(args)

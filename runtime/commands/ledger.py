@@ -1,8 +1,9 @@
-"""``rlx ledger verify | repair | stats | tail | demo``: tools over a ledger.
+"""``rlx ledger verify | repair | stats | tail | export | demo``: tools over a ledger.
 
 Every command takes a store URL, a SQLite file path or a run directory (``DIR/ledger.db``).
-Only ``demo`` creates anything; the others never create or modify files they were not asked to
-(``repair`` modifies the ledger it is pointed at, and only to cut a torn tail).
+Only ``demo`` and ``export`` create anything (``export`` only the JSON lines it is asked for);
+the others never create or modify files they were not asked to (``repair`` modifies the ledger
+it is pointed at, and only to cut a torn tail).
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--from", dest="from_seq", type=int, help="start at this seq instead of the last N")
     sp.add_argument("--follow", "-f", action="store_true", help="keep printing new events as they commit")
     sp.set_defaults(func=cmd_tail)
+
+    sp = sub.add_parser("export", help="one JSON row per rollout and per policy version (an Apache Beam pipeline)",
+                        description="Join every rollout's request, leases, completion, outcome and consuming step into "
+                                    "OUT/rollouts-*.jsonl, and per-version statistics into OUT/versions-*.jsonl, with an "
+                                    "Apache Beam pipeline. Arguments after -- are Beam pipeline options, e.g. "
+                                    "-- --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing")
+    target(sp)
+    sp.add_argument("--out", required=True, help="output directory (or a URL the Beam runner can write)")
+    sp.add_argument("--range-events", type=int, default=20_000, help="events per parallel read (default 20000)")
+    sp.set_defaults(func=cmd_export, takes_passthrough=True)
 
     sp = sub.add_parser("demo", help="write a small simulated run into a new ledger and verify it")
     sp.add_argument("--out", default="runs/ledger-demo", help="run directory (default runs/ledger-demo)")
@@ -163,15 +174,10 @@ def summarize(value: Any) -> Any:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     with _open(args.target) as store:
-        runs = _runs(store, args.run_id)
-        if args.run_id is None and len(runs) != 1:
-            if not runs:
-                print(f"{store.url}: no runs")
-                return 0
-            from ledger import LedgerError
-
-            raise LedgerError(f"this ledger holds {len(runs)} runs; pick one with --run ({', '.join(runs[:10])})")
-        run = runs[0]
+        run = _one_run(store, args.run_id)
+        if run is None:
+            print(f"{store.url}: no runs")
+            return 0
         start = args.from_seq if args.from_seq is not None else max(1, store.head(run).seq - args.n + 1)
         stream = store.follow(run, start) if args.follow else store.read(run, start)
         try:
@@ -185,6 +191,39 @@ def cmd_tail(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         except BrokenPipeError:
             pass
+    return 0
+
+
+def _one_run(store, run_id: str | None) -> str | None:
+    """The run a single-run command works on: ``run_id``, or the ledger's only run."""
+    runs = _runs(store, run_id)
+    if run_id is None and len(runs) != 1:
+        if not runs:
+            return None
+        from ledger import LedgerError
+
+        raise LedgerError(f"this ledger holds {len(runs)} runs; pick one with --run ({', '.join(runs[:10])})")
+    return runs[0]
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import logging
+
+    beam_args = list(args.passthrough)
+    with _open(args.target) as store:
+        run = _one_run(store, args.run_id)
+    if run is None:
+        print(f"{args.target}: no runs")
+        return 0
+    logging.getLogger().addHandler(logging.NullHandler())  # Beam's import-time notices are not ours to print
+    from ledger.pipelines import export_run
+
+    counts = export_run(args.target, run, args.out, range_events=args.range_events, pipeline_args=beam_args)
+    if args.json:
+        _emit({"run_id": run, "out": args.out, **counts})
+    else:
+        print(f"run {run}: {counts['events']} events → {counts['rollouts']} rollout rows, {counts['versions']} "
+              f"version rows in {args.out}/rollouts-*.jsonl and versions-*.jsonl")
     return 0
 
 
