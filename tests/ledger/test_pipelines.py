@@ -166,3 +166,16 @@ def test_cli_export(filtered, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:  # only export takes options after --
         main(["ledger", "verify", path, "--", "--runner=DirectRunner"])
     assert info.value.code == 2 and "unexpected arguments after --" in capsys.readouterr().err
+
+
+def test_export_from_postgresql_matches_sqlite(filtered, pg_url, tmp_path):
+    stored, _, rows, versions = filtered
+    with open_store(pg_url, create=True) as store:
+        store.create_run("golden")
+        epoch = store.acquire_epoch("golden")
+        store.append("golden", [s.event for s in stored], expected_seq=0, epoch=epoch)
+    counts = export_run(pg_url, "golden", str(tmp_path / "pg"), range_events=40)
+    assert counts["events"] == len(stored)
+    key = lambda r: r["rollout_id"]  # noqa: E731
+    assert sorted(_rows(str(tmp_path / "pg"), "rollouts"), key=key) == sorted(rows, key=key)
+    assert len(_rows(str(tmp_path / "pg"), "versions")) == len(versions)
