@@ -42,12 +42,13 @@ def _pipeline(options):
 
 
 def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAULT_RANGE,
-               pipeline_args: Sequence[str] = ()) -> dict:
+               pipeline_args: Sequence[str] = (), annotate=None) -> dict:
     """Write ``out/rollouts-*.jsonl`` (one row per rollout) and ``out/versions-*.jsonl`` (one
     row per policy version) for run ``run_id`` of the ledger at ``target``.
 
     ``pipeline_args`` are Beam pipeline options (``--runner=…`` and the runner's own); the
-    default is the in-process ``DirectRunner``. Returns the number of events read and of rows
+    default is the in-process ``DirectRunner``. ``annotate``, a transform of rollout rows to
+    rollout rows, runs before they are written (e.g. to add text). Returns the number of events read and of rows
     written. Checks the target, the run and ``out`` before anything is written.
     """
     import apache_beam as beam
@@ -72,7 +73,7 @@ def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAUL
                 | f"Write{name.title()}" >> beam.io.WriteToText(os.path.join(out, name), file_name_suffix=".jsonl"))
 
     rows = pipeline | "ReadLedger" >> read | "RolloutRows" >> RolloutRows(run_id)
-    write(rows, "rollouts")
+    write(rows if annotate is None else rows | "Annotate" >> annotate, "rollouts")
     write(rows | "VersionStats" >> VersionStats(run_id), "versions")
     result = pipeline.run()
     result.wait_until_finish()

@@ -38,16 +38,10 @@ def _emit(obj: Any) -> None:
 
 
 def _prompt_text(config: dict):
-    """The task's prompt text by training index, or a function giving None if it cannot be built."""
-    from runtime.config import Config
-    from runtime.errors import RlxError
-    from runtime.run import make_task
+    """The task's prompt text by training index (None where the task cannot be rebuilt)."""
+    from runtime.audit.text import RunText
 
-    try:
-        task = make_task(Config.from_dict(config))
-    except RlxError:
-        return lambda index: None
-    return lambda index: task.problem("train", index).prompt
+    return RunText(config).prompt
 
 
 def cmd_query(args: argparse.Namespace) -> int:

@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_tail)
 
     sp = sub.add_parser("export", help="one JSON row per rollout and per policy version (an Apache Beam pipeline)",
-                        description="Join every rollout's request, leases, completion, outcome and consuming step into "
+                        description="Join every rollout's request, leases, completion, outcome, consuming step, prompt "
+                                    "and completion text into "
                                     "OUT/rollouts-*.jsonl, and per-version statistics into OUT/versions-*.jsonl, with an "
                                     "Apache Beam pipeline. Arguments after -- are Beam pipeline options, e.g. "
                                     "-- --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing")
@@ -212,13 +213,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     beam_args = list(args.passthrough)
     with _open(args.target) as store:
         run = _one_run(store, args.run_id)
+        first = next(iter(store.read(run, 1, 1)), None) if run is not None else None
     if run is None:
         print(f"{args.target}: no runs")
         return 0
     logging.getLogger().addHandler(logging.NullHandler())  # Beam's import-time notices are not ours to print
-    from ledger.pipelines import export_run
+    import apache_beam as beam
 
-    counts = export_run(args.target, run, args.out, range_events=args.range_events, pipeline_args=beam_args)
+    from ledger.pipelines import export_run
+    from runtime.audit.export import AddText
+
+    config = first.event.config if first is not None and first.kind == "RunStarted" else {}
+    counts = export_run(args.target, run, args.out, range_events=args.range_events, pipeline_args=beam_args,
+                        annotate=beam.ParDo(AddText(config)))
     if args.json:
         _emit({"run_id": run, "out": args.out, **counts})
     else:

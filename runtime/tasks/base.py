@@ -33,9 +33,13 @@ class TextCodec:
 
     @classmethod
     def for_model(cls, model) -> TextCodec:
-        c = model.config
+        return cls.for_config(model.config, model.tokenizer)
+
+    @classmethod
+    def for_config(cls, c, tokenizer) -> TextCodec:
+        """The codec of a model with ``ModelConfig`` ``c`` and ``tokenizer`` (no weights needed)."""
         eos = c.eos_token_ids if c.eos_token_ids else (EOS_ID,)
-        return cls(model.tokenizer, c.bos_token_id, tuple(int(e) for e in eos))
+        return cls(tokenizer, c.bos_token_id, tuple(int(e) for e in eos))
 
     def encode_prompt(self, problem: Problem) -> np.ndarray:
         ids = self.tokenizer.encode(problem.prompt, add_special_tokens=False).ids

@@ -161,6 +161,15 @@ def test_cli_export(filtered, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc == {"run_id": "golden", "out": out, "events": len(stored), "rollouts": len(rows),
                    "versions": counts["versions"]}
+    from runtime.audit.text import RunText
+
+    text = RunText(stored[0].event.config)  # the run's task and tokenizer, from its logged config
+    exported = _rows(out, "rollouts")
+    assert {r["rollout_id"] for r in exported} == {r["rollout_id"] for r in rows}
+    for r in exported:
+        assert r["prompt"] == text.prompt(r["prompt_index"]) and "+" in r["prompt"]
+        assert r["completion"] == (None if r["token_ids"] is None else text.completion(r["token_ids"]))
+    assert any(r["completion"] for r in exported)
     assert main(["ledger", "export", path, "--out", out]) == 2
     assert "already holds an export" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:  # only export takes options after --

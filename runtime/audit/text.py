@@ -1,0 +1,60 @@
+"""The text behind a run's ids: prompts by index and completions by token ids.
+
+The ledger logs prompt indices and token ids only; the run's logged config names the task and
+the tokenizer that turn them back into text. :class:`RunText` rebuilds both from the config of
+``RunStarted`` without loading any weights. Where a part cannot be rebuilt (a JSONL file or a
+checkpoint that is gone), its text is None: ids stay the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+from runtime.errors import RlxError
+
+
+class RunText:
+    """``prompt(index)`` and ``completion(token_ids)`` of a run, from its logged config."""
+
+    def __init__(self, config: dict) -> None:
+        from runtime.config import Config
+
+        self._task = self._codec = None
+        try:
+            cfg = Config.from_dict(config)
+        except RlxError:
+            return
+        try:
+            from runtime.run import make_task
+
+            self._task = make_task(cfg)
+        except (RlxError, OSError):
+            pass
+        try:
+            self._codec = _codec(cfg.model.path)
+        except (RlxError, OSError, ValueError, KeyError):
+            pass
+
+    def prompt(self, index: int) -> str | None:
+        return None if self._task is None else self._task.problem("train", index).prompt
+
+    def completion(self, token_ids: Sequence[int]) -> str | None:
+        return None if self._codec is None else self._codec.decode(token_ids)
+
+
+def _codec(model_path: str | None):
+    from runtime.model import char_tokenizer
+    from runtime.tasks.base import TextCodec
+
+    if model_path is None:
+        return TextCodec(char_tokenizer())
+    from tokenizers import Tokenizer
+
+    from runtime.model.hf import CONFIG_FILE, TOKENIZER_FILE
+    from runtime.model.hf_convert import config_from_hf
+
+    with open(os.path.join(model_path, CONFIG_FILE)) as f:
+        config = config_from_hf(json.load(f), source=model_path)
+    return TextCodec.for_config(config, Tokenizer.from_file(os.path.join(model_path, TOKENIZER_FILE)))
