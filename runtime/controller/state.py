@@ -164,14 +164,6 @@ class ControllerState(NamedTuple):
     group_versions: immutables.Map = EMPTY
     discards: int = 0
 
-    def leases_of(self, worker_id: str) -> list[Request]:
-        """The requests leased to ``worker_id`` now, ascending ids (O(live requests))."""
-        return sorted((r for r in self.requests.values() if r.holder == worker_id), key=lambda r: r.rollout_id)
-
-    def unscored(self) -> list[int]:
-        """Completed live requests without an outcome, ascending ids."""
-        return sorted(r.rollout_id for r in self.requests.values() if r.done and r.reward is None)
-
 
 INITIAL = ControllerState()
 
