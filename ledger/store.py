@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -29,6 +30,8 @@ from ledger.errors import CodecError, CorruptLedger, LedgerError, StoreUnavailab
 from ledger.events import EVENTS, Event, Registry
 
 RUN_LEDGER_FILE = "ledger.db"
+RUN_POINTER_FILE = "ledger.json"
+"""In a run directory whose ledger lives elsewhere (a PostgreSQL URL, another file): where it is."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -286,13 +289,53 @@ class EventStore(abc.ABC):
 
 
 def resolve_url(target: str | os.PathLike) -> str:
-    """A store URL from a URL, a SQLite file path or a run directory (``DIR/ledger.db``)."""
+    """A store URL from a URL, a SQLite file path or a run directory (``DIR/ledger.db``, or the
+    ledger ``DIR/ledger.json`` points to)."""
     t = os.fspath(target)
     if "://" in t or t == ":memory:":
         return t
     if os.path.isdir(t):
+        pointer = None if os.path.exists(os.path.join(t, RUN_LEDGER_FILE)) else run_pointer(t)
+        if pointer is not None:
+            return pointer["url"]
         t = os.path.join(t, RUN_LEDGER_FILE)
     return "sqlite:///" + os.path.abspath(t)
+
+
+def run_pointer(directory: str | os.PathLike) -> dict | None:
+    """``{"url", "run_id"}`` of ``DIR/ledger.json`` (a run whose ledger is not ``DIR/ledger.db``),
+    or None when the directory has no pointer."""
+    path = os.path.join(os.fspath(directory), RUN_POINTER_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        url, run_id = doc["url"], doc["run_id"]
+        if not (isinstance(url, str) and "://" in url and isinstance(run_id, str)):
+            raise ValueError("url must be a store URL and run_id a string")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StoreUnavailable(f"{path} does not point to a ledger: {e}") from None
+    return {"url": url, "run_id": run_id}
+
+
+def pointed_run(target: str | os.PathLike) -> str | None:
+    """The run id a run directory's pointer names, when ``target`` resolves through one."""
+    t = os.fspath(target)
+    if "://" in t or not os.path.isdir(t) or os.path.exists(os.path.join(t, RUN_LEDGER_FILE)):
+        return None
+    pointer = run_pointer(t)
+    return None if pointer is None else pointer["run_id"]
+
+
+def write_run_pointer(directory: str | os.PathLike, target: str, run_id: str) -> None:
+    """Record in run directory ``directory`` that run ``run_id`` is in the ledger at ``target``."""
+    path = os.path.join(os.fspath(directory), RUN_POINTER_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"url": resolve_url(target), "run_id": run_id}, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 ACCEPTED = "a SQLite file path, a run directory, sqlite:///PATH, postgresql://… or memory://"

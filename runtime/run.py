@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ledger import open_store
+from ledger.store import pointed_run, write_run_pointer
 from ledger import events as ev
 from runtime.config import Config
 from runtime.errors import UsageError
@@ -231,6 +232,8 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         if config.run.name in store.runs():
             raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; continue it with "
                              f"`rlx resume {out}`, or choose another --out or run.name")
+        if config.ledger.url is not None:  # resume, replay and audit of `out` find the ledger through it
+            write_run_pointer(out, ledger_url, config.run.name)
         pstore = ParamStore.open(params_url, create=True)
         retirer = _Retirer(pstore)
         ctrl = ControllerLoop.create(
@@ -254,6 +257,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
     store = open_store(out)
     try:
         runs = store.runs()
+        run_id = run_id or pointed_run(out)
         if run_id is None:
             if len(runs) != 1:
                 raise UsageError(f"{out} holds {len(runs)} runs ({', '.join(runs) or 'none'}); pick one with --run")

@@ -70,9 +70,13 @@ def _open(target: str, create: bool = False):
     return open_store(target, create=create)
 
 
-def _runs(store, run_id: str | None) -> list[str]:
+def _runs(store, run_id: str | None, target: str | None = None) -> list[str]:
+    """``[run_id]``, else the run a run directory's pointer names (its ledger may hold others),
+    else every run."""
     from ledger import RunNotFound
+    from ledger.store import pointed_run
 
+    run_id = run_id or (pointed_run(target) if target is not None else None)
     runs = store.runs()
     if run_id is None:
         return runs
@@ -87,7 +91,7 @@ def _emit(obj: Any) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     with _open(args.target) as store:
-        reports = [store.verify(r) for r in _runs(store, args.run_id)]
+        reports = [store.verify(r) for r in _runs(store, args.run_id, args.target)]
     ok = all(r.ok for r in reports)
     if args.json:
         _emit({"ok": ok, "url": store.url, "runs": [_report_dict(r) for r in reports]})
@@ -119,7 +123,7 @@ def _report_dict(r) -> dict:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     with _open(args.target) as store:
-        results = [store.repair(r, force=args.force) for r in _runs(store, args.run_id)]
+        results = [store.repair(r, force=args.force) for r in _runs(store, args.run_id, args.target)]
     if args.json:
         _emit({"runs": [
             {"run_id": r.run_id, "truncated_from": r.truncated_from, "removed": r.removed, "head_seq": r.head_seq}
@@ -175,7 +179,7 @@ def summarize(value: Any) -> Any:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     with _open(args.target) as store:
-        run = _one_run(store, args.run_id)
+        run = _one_run(store, args.run_id, args.target)
         if run is None:
             print(f"{store.url}: no runs")
             return 0
@@ -195,9 +199,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_run(store, run_id: str | None) -> str | None:
-    """The run a single-run command works on: ``run_id``, or the ledger's only run."""
-    runs = _runs(store, run_id)
+def _one_run(store, run_id: str | None, target: str) -> str | None:
+    """The run a single-run command works on: ``run_id``, the run a run directory's pointer
+    names, or the ledger's only run."""
+    runs = _runs(store, run_id, target)
     if run_id is None and len(runs) != 1:
         if not runs:
             return None
@@ -212,7 +217,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     beam_args = list(args.passthrough)
     with _open(args.target) as store:
-        run = _one_run(store, args.run_id)
+        run = _one_run(store, args.run_id, args.target)
         first = next(iter(store.read(run, 1, 1)), None) if run is not None else None
     if run is None:
         print(f"{args.target}: no runs")

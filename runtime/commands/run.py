@@ -70,6 +70,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ledger_of(out: str) -> str:
+    """Where the run's ledger is: ``DIR/ledger.db``, or the URL the directory's pointer names."""
+    from ledger.store import RUN_LEDGER_FILE, run_pointer
+
+    pointer = None if os.path.exists(os.path.join(out, RUN_LEDGER_FILE)) else run_pointer(out)
+    return os.path.join(out, RUN_LEDGER_FILE) if pointer is None else pointer["url"]
+
+
 def _print_summary(console, summary: dict, out: str) -> None:
     from rich.table import Table
 
@@ -84,7 +92,7 @@ def _print_summary(console, summary: dict, out: str) -> None:
         ("steps/min", f"{summary['steps_per_minute']:.1f}"),
         ("final version", f"{summary['final_version']}  digest {summary['final_digest'][:16]}"),
         ("wall time", f"{summary['total_seconds']:.0f} s (RL {summary['rl_seconds']:.0f} s)"),
-        ("files", f"{os.path.join(out, 'ledger.db')}, summary.json, report.png"),
+        ("files", f"{_ledger_of(out)}, summary.json, report.png"),
     ]
     for k, v in rows:
         t.add_row(k, v)

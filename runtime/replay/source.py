@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ledger import LedgerError, open_store
-from ledger.store import RUN_LEDGER_FILE, StoredEvent, VerifyReport
+from ledger.store import (
+    RUN_LEDGER_FILE,
+    RUN_POINTER_FILE,
+    StoredEvent,
+    VerifyReport,
+    pointed_run,
+    resolve_url,
+    run_pointer,
+)
 from runtime.errors import UsageError
 
 
@@ -38,9 +46,10 @@ class RunLedger:
 
 
 def read_run(directory: str, run_id: str | None = None) -> RunLedger:
-    """Verify and read one run of ``DIR/ledger.db``.
+    """Verify and read one run of ``DIR/ledger.db`` (or of the ledger ``DIR/ledger.json`` names).
 
-    ``run_id`` may be omitted when the ledger holds exactly one run. The events are read only if
+    ``run_id`` may be omitted when the ledger holds exactly one run, or when the directory's
+    pointer names it. The events are read only if
     the hash chain verifies: a corrupt ledger cannot be trusted event by event.
 
     Raises:
@@ -50,7 +59,11 @@ def read_run(directory: str, run_id: str | None = None) -> RunLedger:
         raise UsageError(f"{directory!r} is not a run directory (a directory holding {RUN_LEDGER_FILE})")
     path = os.path.join(directory, RUN_LEDGER_FILE)
     if not os.path.isfile(path):
-        raise UsageError(f"{directory!r} is not a run directory: it has no {RUN_LEDGER_FILE}")
+        if run_pointer(directory) is None:
+            raise UsageError(f"{directory!r} is not a run directory: it has no {RUN_LEDGER_FILE} "
+                             f"(nor a {RUN_POINTER_FILE} naming its ledger)")
+        path = resolve_url(directory)
+        run_id = run_id or pointed_run(directory)
     with open_store(directory) as store:
         runs = store.runs()
         if run_id is None:

@@ -166,3 +166,32 @@ def test_a_local_hugging_face_checkpoint_and_jsonl_data(tmp_path, cache_dir):
         started = next(store.read("run")).event
     assert started.config["model"]["path"] == str(tmp_path / "ckpt")
     assert started.config["data"]["size"] == 36
+
+
+@pytest.mark.slow
+def test_a_run_on_postgresql_resumes_replays_and_audits_from_its_directory(tmp_path, cache_dir, pg_url):
+    """The ledger lives in PostgreSQL: the run directory's ``ledger.json`` names it, so resume,
+    replay, audit and the ledger tools work on the directory alone."""
+    out = str(tmp_path / "pg")
+    first = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]
+    for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "run.steps=3", f'ledger.url="{pg_url}"']:
+        first += ["--set", o]
+    killed = subprocess.run(first, env={**os.environ, "RLX_FAILPOINTS": "trainer.step@2"}, capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not os.path.exists(os.path.join(out, "ledger.db"))
+    with open(os.path.join(out, "ledger.json")) as f:
+        assert json.load(f) == {"url": pg_url, "run_id": "run"}
+    done = subprocess.run([sys.executable, "-m", "runtime.cli", "resume", out, "--no-progress"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert pg_url.split("?")[0] in done.stdout  # the summary names the ledger where it is
+    with open_store(pg_url) as store:
+        assert store.runs() == ["run"] and store.verify("run").ok
+        final = [s.event for s in store.read("run")][-1]
+    assert main(["audit", out, "check"]) == 0
+    assert main(["ledger", "verify", out]) == 0
+    from runtime.replay import replay_run
+
+    report = replay_run(out)
+    assert report.match and report.final_digest == final.final_digest

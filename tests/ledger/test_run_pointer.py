@@ -1,0 +1,37 @@
+"""A run directory whose ledger lives elsewhere names it in ``ledger.json``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ledger import StoreUnavailable, open_store
+from ledger.store import pointed_run, resolve_url, run_pointer, write_run_pointer
+
+
+def test_a_pointer_resolves_the_directory_to_its_ledger(tmp_path):
+    elsewhere = tmp_path / "elsewhere.db"
+    with open_store(str(elsewhere), create=True) as store:
+        store.create_run("mine")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert resolve_url(run_dir) == "sqlite:///" + str(run_dir / "ledger.db") and pointed_run(run_dir) is None
+    write_run_pointer(run_dir, str(elsewhere), "mine")
+    assert run_pointer(run_dir) == {"url": "sqlite:///" + str(elsewhere), "run_id": "mine"}
+    assert resolve_url(run_dir) == "sqlite:///" + str(elsewhere) and pointed_run(run_dir) == "mine"
+    with open_store(run_dir) as store:
+        assert store.runs() == ["mine"]
+    assert pointed_run(str(elsewhere)) is None and pointed_run("postgresql://x/y") is None
+    with open_store(run_dir / "ledger.db", create=True):  # a ledger of its own takes precedence
+        pass
+    assert resolve_url(run_dir) == "sqlite:///" + str(run_dir / "ledger.db") and pointed_run(run_dir) is None
+
+
+@pytest.mark.parametrize("text", ["not json", '{"url": 3, "run_id": "r"}', '{"run_id": "r"}',
+                                  '{"url": "relative/path.db", "run_id": "r"}'])
+def test_a_bad_pointer_is_one_clear_error(tmp_path, text):
+    (tmp_path / "ledger.json").write_text(text)
+    with pytest.raises(StoreUnavailable, match="ledger.json does not point to a ledger"):
+        resolve_url(tmp_path)
+    assert os.listdir(tmp_path) == ["ledger.json"]
