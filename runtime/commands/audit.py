@@ -1,7 +1,9 @@
-"""``rlx audit DIR version V | rollout ID | step S | check``: provenance and invariants of a run.
+"""``rlx audit DIR version V | rollout ID | step S | check | diff OTHER``: provenance and
+invariants of a run, and where it parts from another.
 
 Readable tables by default, one JSON object with ``--json``. ``check`` exits 1 when any of
-I1–I8 is violated (or the ledger's hash chain is broken) and lists the violating events.
+I1–I8 is violated (or the ledger's hash chain is broken) and lists the violating events;
+``diff`` exits 1 when the runs differ.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("step", parents=[common], help="a train step's batch and the version it produced")
     sp.add_argument("number", type=int, metavar="S")
     sp.set_defaults(func=cmd_query)
+    sp = sub.add_parser("diff", parents=[common], help="where this run and another first part (weights, rollouts)")
+    sp.add_argument("other", metavar="OTHER_DIR", help="the other run directory")
+    sp.add_argument("--other-run", dest="other_run_id", help="the other run, when its ledger holds several")
+    sp.set_defaults(func=cmd_diff)
     sp = sub.add_parser("check", parents=[common], help="check invariants I1–I8 over the whole ledger")
     sp.set_defaults(func=cmd_check)
 
@@ -115,3 +121,49 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     render.check(Console(), source.run_id, chain, rows, params_checked=stored is not None)
     return 0 if ok else 1
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from runtime.audit.diff import diff_runs
+    from runtime.replay import read_run
+
+    a, b = read_run(args.directory, args.run_id), read_run(args.other, args.other_run_id)
+    a.chain.raise_if_bad()
+    b.chain.raise_if_bad()
+    doc = diff_runs(a.events, b.events)
+    if args.json:
+        _emit({"a": {"directory": args.directory, "run_id": a.run_id},
+               "b": {"directory": args.other, "run_id": b.run_id}, **doc})
+        return 0 if doc["identical"] else 1
+    print(f"A: run {a.run_id} in {args.directory}\nB: run {b.run_id} in {args.other}")
+    for what in ("config", "fingerprint"):
+        for key, (x, y) in doc[f"{what}_differences"].items():
+            print(f"{what} differs: {key} = {x!r} in A, {y!r} in B")
+    compared = f"{doc['versions_compared']} common versions and {doc['rollouts_compared']} common rollouts"
+    extra = [f"{doc[f'{what}_only_{side}']} {what} only in {side.upper()}" for side in "ab"
+             for what in ("versions", "rollouts") if doc[f"{what}_only_{side}"]]
+    if extra:
+        print("lengths differ: " + ", ".join(extra))
+    if doc["identical"]:
+        print(f"identical: {compared}, bit for bit")
+        return 0
+    v = doc["first_divergent_version"]
+    if v is None:
+        print(f"weights identical over {doc['versions_compared']} common versions")
+    else:
+        print(f"weights identical up to version {v['version'] - 1}; version {v['version']} differs: "
+              f"{v['digest_a'][:16]} in A, {v['digest_b'][:16]} in B")
+        cause = v["cause"]
+        print(f"  why: {cause['message']}")
+        first = cause.get("first_rollout")
+        if first:
+            print(f"  first differing rollout of the batch: {first['rollout_id']}: {first['message']}")
+    r = doc["first_divergent_rollout"]
+    if r is not None:
+        weights = "identical" if r["weights_same"] else "differing"
+        print(f"first differing rollout: {r['rollout_id']} (sampled from version {r['policy_version']}, "
+              f"{weights} weights): {r['message']}")
+        if r["weights_same"]:
+            print("  the same weights, prompt and seed gave another sample: the sampler parted, not training")
+    return 1
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 
@@ -46,8 +47,14 @@ def one(events, kind, **fields):
     return found
 
 
+def completion_of(events, rollout_id):
+    """The completion of ``rollout_id``."""
+    return next(s.event for s in events if isinstance(s.event, ev.RolloutCompleted) and s.event.rollout_id == rollout_id)
+
+
 def copy_ledger(events, dst, edit) -> str:
     """A run directory (ledger only) holding ``edit(event)`` of every event, on a new valid chain."""
+    os.makedirs(dst, exist_ok=True)
     with open_store(f"{dst}/ledger.db", create=True) as store:
         store.create_run("run")
         epoch = store.acquire_epoch("run")
@@ -245,3 +252,73 @@ def test_history_of_a_leased_twice_rollout_whose_group_was_discarded():
         None, None, None, "uniform_reward")
     v0 = Provenance.from_events(events).version(0)
     assert v0["origin"] == "initial weights: built-in model, seed 5, 0 supervised warm-start steps"
+
+
+@pytest.mark.slow
+def test_diff_of_a_copy_is_identical_and_names_config_differences(finished, events, tmp_path, capsys):
+    out, _, config = finished
+    same = copy_ledger(events, tmp_path / "same", lambda e: e)
+    assert main(["audit", out, "diff", same]) == 0
+    assert "identical: 4 common versions and 24 common rollouts, bit for bit" in capsys.readouterr().out
+
+    def reseed(e):
+        return dataclasses.replace(e, config={**e.config, "run": {**e.config["run"], "seed": 99}}) \
+            if isinstance(e, ev.RunStarted) else e
+
+    other = copy_ledger(events, tmp_path / "reseeded", reseed)
+    assert main(["audit", out, "diff", other, "--json"]) == 0  # the ledgers agree past the config
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["config_differences"] == {"run.seed": [config.run.seed, 99]} and doc["identical"]
+
+
+@pytest.mark.slow
+def test_diff_finds_a_sample_that_parted_under_identical_weights(finished, events, tmp_path, capsys):
+    out = finished[0]
+
+    def flip(e):  # rollout 9 (batch 2, from version 0): its second token differs
+        if isinstance(e, ev.RolloutCompleted) and e.rollout_id == 9:
+            tokens = e.tokens.copy()
+            tokens[1] += 1
+            return dataclasses.replace(e, tokens=tokens)
+        return e
+
+    edited = copy_ledger(events, tmp_path / "flipped", flip)
+    assert main(["audit", out, "diff", edited, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["first_divergent_version"] is None and not doc["identical"]
+    r = doc["first_divergent_rollout"]
+    assert (r["rollout_id"], r["field"], r["position"], r["policy_version"], r["weights_same"]) == (9, "tokens", 1, 0, True)
+    assert main(["audit", out, "diff", edited]) == 1
+    assert "the sampler parted, not training" in capsys.readouterr().out
+
+    def nudge(e):  # the same tokens, the last log-prob one float32 step away
+        if isinstance(e, ev.RolloutCompleted) and e.rollout_id == 9:
+            logprobs = e.logprobs.copy()
+            logprobs[-1] = np.nextafter(logprobs[-1], np.float32(0))
+            return dataclasses.replace(e, logprobs=logprobs)
+        return e
+
+    assert main(["audit", out, "diff", copy_ledger(events, tmp_path / "nudged", nudge), "--json"]) == 1
+    r = json.loads(capsys.readouterr().out)["first_divergent_rollout"]
+    assert (r["rollout_id"], r["field"], r["position"]) == (9, "logprobs", len(completion_of(events, 9).logprobs) - 1)
+    assert 0 < r["max_abs_delta"] < 1e-6
+
+
+@pytest.mark.slow
+def test_diff_finds_the_first_version_and_says_its_inputs_were_the_same(finished, events, tmp_path, capsys):
+    out = finished[0]
+
+    def redigest(e):  # as if step 2 had given other bits from the same parent and batch
+        if isinstance(e, ev.WeightsPublished) and e.version >= 2:
+            return dataclasses.replace(e, digest="f" * 64)
+        return e
+
+    edited = copy_ledger(events, tmp_path / "redigested", redigest)
+    assert main(["audit", out, "diff", edited, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    v = doc["first_divergent_version"]
+    assert (v["version"], v["digest_b"], doc["versions_identical"]) == (2, "f" * 64, 2)
+    assert (v["cause"]["step"], v["cause"]["parent_same"], v["cause"]["batch_same"]) == (2, True, True)
+    assert "the train step itself" in v["cause"]["message"]
+    # Rollouts sampled from version 2 onwards would now come from other weights: none differs here.
+    assert doc["first_divergent_rollout"] is None

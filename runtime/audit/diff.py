@@ -1,0 +1,176 @@
+"""Where two runs part: ``rlx audit DIR diff OTHER``.
+
+Two runs of the same config, seed, data and software stack have the same weight digests, batch
+for batch (deterministic mode, DESIGN.md I7). When they do not, the question is where they
+first part and why. :func:`diff_runs` answers from the two ledgers alone:
+
+- the logged config and environment fingerprint, key by key;
+- the first weight version whose digest differs, and for the step that produced it, whether
+  its inputs (parent version, batch, the batch's rollouts) were the same;
+- the first rollout (by id) whose request, completion or outcome differs, and whether the
+  weights it was sampled from were identical (then the sampler, not training, parted).
+
+Comparisons are exact: digests as strings, token ids and log-probs by their bytes, rewards as
+the float64 values the ledger stores. Events of the infrastructure (workers, leases, epochs) are
+timing and are not compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ledger import events as ev
+from ledger.store import StoredEvent
+
+
+class _Run:
+    """The comparable facts of one run, by version, step and rollout."""
+
+    def __init__(self, events: Iterable[StoredEvent]) -> None:
+        self.started: ev.RunStarted | None = None
+        self.fingerprint: dict = {}
+        self.digests: dict[int, str] = {}
+        self.batches: dict[int, ev.BatchFormed] = {}
+        self.metrics: dict[int, dict] = {}
+        self.requests: dict[int, ev.SampleRequest] = {}
+        self.completions: dict[int, ev.RolloutCompleted] = {}
+        self.outcomes: dict[int, ev.OutcomeRecorded] = {}
+        for stored in events:
+            e = stored.event
+            kind = type(e)
+            if kind is ev.RolloutRequested:
+                for q in e.samples():
+                    self.requests.setdefault(q.rollout_id, q)
+            elif kind is ev.RolloutCompleted:
+                self.completions.setdefault(e.rollout_id, e)
+            elif kind is ev.OutcomeRecorded:
+                self.outcomes.setdefault(e.rollout_id, e)
+            elif kind is ev.WeightsPublished:
+                self.digests.setdefault(e.version, e.digest)
+            elif kind is ev.BatchFormed:
+                self.batches.setdefault(e.step, e)
+            elif kind is ev.TrainStepCompleted:
+                self.metrics.setdefault(e.step, e.metrics)
+            elif kind is ev.RunStarted and self.started is None:
+                self.started = e
+                self.fingerprint = dict(e.fingerprint)
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k in sorted(d):
+        out.update(_flat(d[k], f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _differences(a: dict, b: dict) -> dict[str, list]:
+    fa, fb = _flat(a), _flat(b)
+    return {k: [fa.get(k), fb.get(k)] for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
+
+
+def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def _rollout_difference(a: _Run, b: _Run, rid: int) -> dict | None:
+    """What differs between the two runs' rollout ``rid`` (None if nothing). Only what both
+    runs recorded is compared: a run that stopped earlier has fewer completions, not others."""
+    qa, qb = a.requests.get(rid), b.requests.get(rid)
+    if qa is not None and qb is not None:
+        for name in ("group_id", "prompt_index", "seed", "policy_version", "sampling"):
+            if getattr(qa, name) != getattr(qb, name):
+                return {"rollout_id": rid, "field": name, "message": f"{name}: {getattr(qa, name)!r} vs {getattr(qb, name)!r}"}
+    ca, cb = a.completions.get(rid), b.completions.get(rid)
+    if ca is not None and cb is not None:
+        if not _same_bits(ca.tokens, cb.tokens):
+            n = min(len(ca.tokens), len(cb.tokens))
+            at = next((i for i in range(n) if ca.tokens[i] != cb.tokens[i]), n)
+            return {"rollout_id": rid, "field": "tokens", "position": at,
+                    "message": f"tokens differ from position {at} ({len(ca.tokens)} vs {len(cb.tokens)} tokens)"}
+        if not _same_bits(ca.logprobs, cb.logprobs):
+            la, lb = ca.logprobs.astype(np.float64), cb.logprobs.astype(np.float64)
+            at = int(np.flatnonzero(ca.logprobs.view(np.uint32) != cb.logprobs.view(np.uint32))[0]) \
+                if ca.logprobs.dtype == np.float32 and ca.logprobs.shape == cb.logprobs.shape else 0
+            delta = float(np.max(np.abs(la - lb))) if la.shape == lb.shape else None
+            return {"rollout_id": rid, "field": "logprobs", "position": at, "max_abs_delta": delta,
+                    "message": f"same tokens, log-prob bits differ from position {at} (max |Δ| {delta})"}
+    oa, ob = a.outcomes.get(rid), b.outcomes.get(rid)
+    if oa is not None and ob is not None and (oa.reward, oa.passed, oa.verdict) != (ob.reward, ob.passed, ob.verdict):
+        return {"rollout_id": rid, "field": "outcome",
+                "message": f"reward {oa.reward} ({oa.verdict}) vs {ob.reward} ({ob.verdict})"}
+    return None
+
+
+def _step_inputs(a: _Run, b: _Run, step: int) -> dict:
+    """Whether step ``step`` read the same parent version and the same batch in both runs."""
+    ba, bb = a.batches.get(step), b.batches.get(step)
+    parent = step - 1
+    doc: dict[str, Any] = {"step": step, "parent_same": a.digests.get(parent) == b.digests.get(parent)}
+    if ba is None or bb is None:
+        doc.update(batch_same=False, message="the batch is missing in one run")
+        return doc
+    if (ba.rollout_ids, ba.policy_versions) != (bb.rollout_ids, bb.policy_versions):
+        doc.update(batch_same=False, message="the batches hold other rollouts or versions")
+        return doc
+    differing = [d for d in (_rollout_difference(a, b, rid) for rid in ba.rollout_ids) if d is not None]
+    doc.update(batch_same=not differing, rollouts_differing=len(differing),
+               first_rollout=differing[0] if differing else None)
+    if not doc["parent_same"]:
+        doc["message"] = f"it started from a different version {parent}"
+    elif differing:
+        doc["message"] = f"{len(differing)} of its {len(ba.rollout_ids)} rollouts differ"
+    else:
+        doc["message"] = ("same parent weights and same batch, bit for bit: the train step itself gave other "
+                          "bits (compare the fingerprints: software, CPU, core count)")
+    metrics = _differences(a.metrics.get(step, {}), b.metrics.get(step, {}))
+    doc["metrics_differing"] = sorted(metrics)
+    return doc
+
+
+def diff_runs(a_events: Iterable[StoredEvent], b_events: Iterable[StoredEvent]) -> dict[str, Any]:
+    """Where run B first parts from run A (see the module docstring); JSON-able.
+
+    ``identical`` is True when every version published by both has the same digest and every
+    rollout requested by both has the same request, and the same completion and outcome where
+    both recorded one (a run that stopped earlier is identical to the longer one up to where it
+    stopped; the ``only`` counts say how far each went).
+    """
+    a, b = _Run(a_events), _Run(b_events)
+    config = _differences(a.started.config if a.started else {}, b.started.config if b.started else {})
+    common = sorted(a.digests.keys() & b.digests.keys())
+    first_version = next((v for v in common if a.digests[v] != b.digests[v]), None)
+    version_doc = None
+    if first_version is not None:
+        version_doc = {"version": first_version, "digest_a": a.digests[first_version],
+                       "digest_b": b.digests[first_version]}
+        version_doc["cause"] = (_step_inputs(a, b, first_version) if first_version > 0 else
+                                {"message": "the initial weights differ (model, seed or supervised warm start)"})
+    rollout_doc = None
+    for rid in sorted(a.requests.keys() & b.requests.keys()):
+        d = _rollout_difference(a, b, rid)
+        if d is not None:
+            q = a.requests.get(rid) or b.requests.get(rid)
+            v = q.policy_version
+            d["policy_version"] = v
+            d["weights_same"] = v in a.digests and a.digests.get(v) == b.digests.get(v)
+            rollout_doc = d
+            break
+    return {
+        "identical": first_version is None and rollout_doc is None,  # over what both recorded
+        "config_differences": {k: v for k, v in config.items() if k != "run.name"},
+        "fingerprint_differences": _differences(a.fingerprint, b.fingerprint),
+        "versions_compared": len(common),
+        "versions_identical": len(common) if first_version is None else common.index(first_version),
+        "versions_only_a": len(a.digests.keys() - b.digests.keys()),
+        "versions_only_b": len(b.digests.keys() - a.digests.keys()),
+        "rollouts_compared": len(a.requests.keys() & b.requests.keys()),
+        "rollouts_only_a": len(a.requests.keys() - b.requests.keys()),
+        "rollouts_only_b": len(b.requests.keys() - a.requests.keys()),
+        "first_divergent_version": version_doc,
+        "first_divergent_rollout": rollout_doc,
+    }
