@@ -59,7 +59,10 @@ def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAUL
     pipeline = _pipeline(PipelineOptions(list(pipeline_args)))
     _refuse_existing(out)
     if "://" not in out:
-        os.makedirs(out, exist_ok=True)
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            raise LedgerError(f"cannot create the output directory {out!r}: {e.strerror or e}") from None
 
     def write(rows, name: str):
         counter = Metrics.counter("rlx", name)

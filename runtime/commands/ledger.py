@@ -179,6 +179,10 @@ def summarize(value: Any) -> Any:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     with _open(args.target) as store:
+        if args.n < 1 and args.from_seq is None:
+            from runtime.errors import UsageError
+
+            raise UsageError(f"-n {args.n} is not accepted: show at least 1 event (or start at --from SEQ)")
         run = _one_run(store, args.run_id, args.target)
         if run is None:
             print(f"{store.url}: no runs")

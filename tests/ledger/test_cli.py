@@ -93,6 +93,9 @@ def test_stats_and_tail(capsys, run_dir):
         (["ledger", "verify", "{tmp}/notes.txt"], "not an rlx ledger"),
         (["ledger", "verify", "{run}", "--run", "nope"], "no run 'nope'"),
         (["ledger", "tail", "{run}", "--run", "nope"], "no run 'nope'"),
+        (["ledger", "tail", "{run}", "-n", "-5"], "-n -5 is not accepted"),
+        (["ledger", "export", "{run}", "--out", "{tmp}/notes.txt/out"], "cannot create the output directory"),
+        (["ledger", "export", "{run}", "--out", "{tmp}/out", "--", "--no_such_option=1"], "unknown Beam pipeline options"),
     ],
 )
 def test_bad_input_is_one_line_and_creates_nothing(capsys, tmp_path, run_dir, argv, message):

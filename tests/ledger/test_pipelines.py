@@ -146,6 +146,10 @@ def test_bad_requests_write_nothing(filtered, tmp_path):
     with pytest.raises(LedgerError, match="Unexpected pipeline runner"):
         export_run(path, "golden", out, pipeline_args=["--runner=NoSuchRunner"])
     assert not os.path.exists(out)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(LedgerError, match="cannot create the output directory"):
+        export_run(path, "golden", str(blocker / "out"))
     export_run(path, "golden", out)
     before = sorted(os.listdir(out))
     with pytest.raises(LedgerError, match="already holds an export"):

@@ -195,3 +195,27 @@ def test_a_run_on_postgresql_resumes_replays_and_audits_from_its_directory(tmp_p
 
     report = replay_run(out)
     assert report.match and report.final_digest == final.final_digest
+
+
+@pytest.mark.slow
+def test_pretrain_alone_trains_or_loads_the_warm_start_and_saves_a_checkpoint(tmp_path, cache_dir, capsys):
+    argv = ["pretrain", "--steps", "20"]
+    for o in [o for o in TINY if not o.startswith("pretrain.steps")] + [f'pretrain.cache_dir="{cache_dir}"']:
+        argv += ["--set", o]
+    out = str(tmp_path / "warm")
+    assert main([*argv, "--out", out]) == 0
+    printed = capsys.readouterr().out
+    import jax
+    import numpy as np
+
+    from runtime.model import load_hf
+    from runtime.run import build_session, evaluate
+
+    session = build_session(tiny(cache_dir), log=lambda m: None)  # what `rlx run` would start from
+    saved = load_hf(out)
+    assert session.warm_start["cached"] and session.warm_start["checkpoint"] in printed.replace("\n", "")
+    flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])  # noqa: E731
+    assert flat(saved.params).tobytes() == flat(session.model.params).tobytes()
+    assert f"held-out greedy pass rate: {evaluate(session, session.model.params, limit=16):.1%}" in printed
+    assert main([*argv, "--out", out]) == 2  # never overwrites a checkpoint
+    assert "already holds a checkpoint" in capsys.readouterr().err
