@@ -252,6 +252,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
     clean up half-written parameter versions and go on. Returns None if the run had finished."""
     from runtime.controller import ControllerLoop
     from runtime.params import ParamStore
+    from runtime.replay.divergence import fingerprint_diff
 
     t_start = time.monotonic()
     store = open_store(out)
@@ -290,8 +291,14 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
                 f"version {state.latest} is in the ledger but missing from the parameter store {params_url}; "
                 "`rlx replay` re-derives it"
             )
+        here = fingerprint()
+        changed = fingerprint_diff(first.fingerprint, here)
+        if changed:
+            what = ", ".join(f"{k} {v['recorded']!r} → {v['current']!r}" for k, v in changed.items())
+            log(f"warning: this machine differs from the one recorded in RunStarted ({what}): the steps "
+                "trained from here are valid, but their bits may differ from an uninterrupted run's")
         retirer = _Retirer(pstore)
-        ctrl = ControllerLoop.resume(store, run_id, fingerprint=fingerprint(),
+        ctrl = ControllerLoop.resume(store, run_id, fingerprint=here,
                                      lease_timeout_s=config.workers.lease_timeout_s, on_retire=retirer)
         for v in ctrl.evictable_versions(pstore.versions()):
             pstore.delete(v)

@@ -219,3 +219,23 @@ def test_pretrain_alone_trains_or_loads_the_warm_start_and_saves_a_checkpoint(tm
     assert f"held-out greedy pass rate: {evaluate(session, session.model.params, limit=16):.1%}" in printed
     assert main([*argv, "--out", out]) == 2  # never overwrites a checkpoint
     assert "already holds a checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_resume_on_another_stack_says_so(tmp_path, cache_dir, monkeypatch):
+    out = str(tmp_path / "moved")
+    first = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]
+    for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "run.steps=3"]:
+        first += ["--set", o]
+    killed = subprocess.run(first, env={**os.environ, "RLX_FAILPOINTS": "trainer.step@2"}, capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    import runtime.run as rr
+
+    recorded = rr.fingerprint()
+    monkeypatch.setattr(rr, "fingerprint", lambda: {**recorded, "cores": recorded["cores"] + 6})
+    lines: list[str] = []
+    summary = rr.resume(out, progress=False, log=lines.append)
+    assert summary["final_version"] == 3
+    warnings = [m for m in lines if m.startswith("warning:")]
+    assert len(warnings) == 1 and f"cores {recorded['cores']} → {recorded['cores'] + 6}" in warnings[0]
