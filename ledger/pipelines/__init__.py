@@ -12,9 +12,9 @@ import os
 from collections.abc import Sequence
 
 from ledger.errors import LedgerError
-from ledger.pipelines.rollouts import DEFAULT_RANGE, ReadLedger, RolloutRows, VersionStats
+from ledger.pipelines.rollouts import DEFAULT_RANGE, ReadLedger, RolloutRows, StepRows, VersionStats
 
-OUTPUTS = ("rollouts", "versions")
+OUTPUTS = ("rollouts", "versions", "steps")
 
 
 def _refuse_existing(out: str) -> None:
@@ -43,8 +43,9 @@ def _pipeline(options):
 
 def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAULT_RANGE,
                pipeline_args: Sequence[str] = (), annotate=None) -> dict:
-    """Write ``out/rollouts-*.jsonl`` (one row per rollout) and ``out/versions-*.jsonl`` (one
-    row per policy version) for run ``run_id`` of the ledger at ``target``.
+    """Write ``out/rollouts-*.jsonl`` (one row per rollout), ``out/versions-*.jsonl`` (one row
+    per policy version) and ``out/steps-*.jsonl`` (one row per train step) for run ``run_id``
+    of the ledger at ``target``.
 
     ``pipeline_args`` are Beam pipeline options (``--runner=…`` and the runner's own); the
     default is the in-process ``DirectRunner``. ``annotate``, a transform of rollout rows to
@@ -75,9 +76,11 @@ def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAUL
                 | f"Json{name.title()}" >> beam.Map(encode)
                 | f"Write{name.title()}" >> beam.io.WriteToText(os.path.join(out, name), file_name_suffix=".jsonl"))
 
-    rows = pipeline | "ReadLedger" >> read | "RolloutRows" >> RolloutRows(run_id)
+    events = pipeline | "ReadLedger" >> read
+    rows = events | "RolloutRows" >> RolloutRows(run_id)
     write(rows if annotate is None else rows | "Annotate" >> annotate, "rollouts")
     write(rows | "VersionStats" >> VersionStats(run_id), "versions")
+    write(events | "StepRows" >> StepRows(run_id), "steps")
     result = pipeline.run()
     result.wait_until_finish()
     counts = {"events": read.head}
@@ -87,4 +90,4 @@ def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAUL
     return counts
 
 
-__all__ = ["DEFAULT_RANGE", "ReadLedger", "RolloutRows", "VersionStats", "export_run"]
+__all__ = ["DEFAULT_RANGE", "ReadLedger", "RolloutRows", "StepRows", "VersionStats", "export_run"]

@@ -8,7 +8,8 @@ Spark or Dataflow:
 
 - :class:`ReadLedger` reads a run in seq ranges, each range on its own store connection;
 - :class:`RolloutRows` keys every fact about a rollout by its id, groups, and builds one row;
-- :class:`VersionStats` aggregates the rows by the policy version that sampled them.
+- :class:`VersionStats` aggregates the rows by the policy version that sampled them;
+- :class:`StepRows` gives one row per train step: its batch, staleness, metrics and digests.
 
 Rows are plain JSON-able dicts. The first record of a fact wins, as in the audit (an edited
 ledger cannot replace a request or a completion by appending another one). Output order is the
@@ -184,6 +185,59 @@ class RolloutRows(beam.PTransform):
                 | "ByRollout" >> beam.GroupByKey()
                 | "Row" >> beam.FlatMap(lambda kv, d, p: _row(self.run_id, kv[0], kv[1], d, p),
                                         beam.pvalue.AsDict(discards), beam.pvalue.AsDict(published)))
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def _step_facts(item: tuple[int, ev.Event]) -> Iterator[tuple[int, tuple[int, str, Any]]]:
+    """Facts about train steps, keyed by step: ``(step, (seq, tag, value))``."""
+    seq, e = item
+    kind = type(e)
+    if kind is ev.BatchFormed:
+        yield e.step, (seq, "batch", e)
+    elif kind is ev.TrainStepCompleted:
+        yield e.step, (seq, "trained", e.metrics)
+    elif kind is ev.WeightsPublished:
+        yield e.version, (seq, "produced", e.digest)
+        yield e.version + 1, (seq, "parent", e.digest)  # step s reads version s - 1
+
+
+def _step_row(run_id: str, step: int, facts: Iterable[tuple[int, str, Any]]) -> Iterator[dict]:
+    first: dict[str, tuple[int, Any]] = {}
+    for seq, tag, value in sorted(facts, key=lambda f: (f[0], f[1])):
+        first.setdefault(tag, (seq, value))
+    if "batch" not in first:
+        return
+    seq, b = first["batch"]
+    staleness = [(step - 1) - int(v) for v in b.policy_versions]
+    trained, produced, parent = first.get("trained"), first.get("produced"), first.get("parent")
+    yield {
+        "run_id": run_id, "step": step, "batch_seq": seq, "groups": len(b.group_ids), "rollouts": len(b.rollout_ids),
+        "policy_versions": sorted(set(int(v) for v in b.policy_versions)),
+        "staleness_max": max(staleness) if staleness else None,
+        "staleness_mean": sum(staleness) / len(staleness) if staleness else None,
+        "parent_digest": parent[1] if parent else None,
+        "trained_seq": trained[0] if trained else None,
+        "metrics": dict(trained[1]) if trained else None,
+        "produced_digest": produced[1] if produced else None,
+    }
+
+
+class StepRows(beam.PTransform):
+    """``(seq, event)`` elements of one run → one row per formed batch: its groups, rollouts,
+    policy versions and staleness, the parent version's digest, the step's metrics and the
+    digest of the version it produced (None for a step not trained yet)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    def expand(self, events):
+        return (events
+                | "StepFacts" >> beam.FlatMap(_step_facts)
+                | "ByStep" >> beam.GroupByKey()
+                | "StepRow" >> beam.FlatMap(lambda kv: _step_row(self.run_id, kv[0], kv[1])))
 
 
 # -- version statistics ------------------------------------------------------------------------

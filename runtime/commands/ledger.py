@@ -239,7 +239,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         _emit({"run_id": run, "out": args.out, **counts})
     else:
         print(f"run {run}: {counts['events']} events → {counts['rollouts']} rollout rows, {counts['versions']} "
-              f"version rows in {args.out}/rollouts-*.jsonl and versions-*.jsonl")
+              f"version rows, {counts['steps']} step rows in {args.out}/rollouts-*.jsonl, versions-*.jsonl, steps-*.jsonl")
     return 0
 
 

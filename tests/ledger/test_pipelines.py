@@ -102,6 +102,23 @@ def test_version_rows_count_what_each_version_sampled(filtered):
         assert v["digest"] == published[v["version"]]
 
 
+def test_step_rows_agree_with_the_audit(filtered, tmp_path):
+    stored, counts, _, _ = filtered
+    prov = Provenance.from_events(stored)
+    out = str(tmp_path / "steps")
+    export_run(_ledger(tmp_path, [s.event for s in stored]), "golden", out)
+    steps = {r["step"]: r for r in _rows(out, "steps")}
+    assert sorted(steps) == sorted(prov.batches) and counts["steps"] == len(steps)
+    for n, row in steps.items():
+        doc = prov.step(n)
+        assert (row["batch_seq"], row["groups"], row["rollouts"], row["policy_versions"]) == (
+            doc["batch_seq"], len(doc["group_ids"]), len(doc["rollout_ids"]), doc["policy_versions"])
+        assert (row["staleness_max"], row["staleness_mean"], row["trained_seq"], row["metrics"]) == (
+            doc["staleness_max"], doc["staleness_mean"], doc["trained_seq"], doc["metrics"])
+        assert row["parent_digest"] == doc["parent"]["digest"]
+        assert row["produced_digest"] == (doc["produced"]["digest"] if doc["produced"] else None)
+
+
 def test_read_ranges_do_not_change_the_rows(filtered, tmp_path):
     stored, _, rows, versions = filtered
     path = _ledger(tmp_path, [s.event for s in stored])
@@ -164,7 +181,7 @@ def test_cli_export(filtered, tmp_path, capsys):
     assert main(["ledger", "export", path, "--out", out, "--json", "--", "--runner=DirectRunner"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc == {"run_id": "golden", "out": out, "events": len(stored), "rollouts": len(rows),
-                   "versions": counts["versions"]}
+                   "versions": counts["versions"], "steps": counts["steps"]}
     from runtime.audit.text import RunText
 
     text = RunText(stored[0].event.config)  # the run's task and tokenizer, from its logged config
