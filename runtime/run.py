@@ -2,12 +2,14 @@
 
 The controller (``runtime.controller.ControllerLoop``) is the only writer of the ledger. The
 workers are threads that talk to it through the same pull interface remote workers use:
-the inference worker takes leases and submits completions, the verifier scores completed
-rollouts, the trainer publishes version 0 and runs each step as its batch forms. The main thread
-only watches: it shows progress and turns silence into lease expiries.
+inference workers (``workers.inference``, each with its own engine of the same shape) take
+leases and submit completions, verifiers (``workers.verifiers``) score completed rollouts, the
+trainer publishes version 0 and runs each step as its batch forms. The main thread only watches:
+it shows progress and turns silence into lease expiries.
 
 Everything that decides is in the ledger or a pure function of it, so the final weights depend on
-(config, seed, data, software stack) only in deterministic mode — not on thread timing.
+(config, seed, data, software stack) only in deterministic mode — not on thread timing or on
+how many workers there are.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class Session:
     engine: Any
     width: int
     warm_start: dict
+
+    def new_engine(self):
+        """Another engine of ``engine``'s shape (for another inference worker): the same bits."""
+        return _engine(self.model, self.config, self.width)
 
 
 def fingerprint() -> dict:
@@ -109,7 +115,6 @@ def make_task(config: Config):
 
 def build_session(config: Config, *, log: Callable[[str], None] = print) -> Session:
     """Task, tokenizer, initial model (after the supervised warm start) and engine."""
-    from runtime.inference import Engine
     from runtime.model import char_tokenizer, load_hf
     from runtime.tasks.base import TextCodec
     from runtime.trainer.pretrain import PretrainConfig, cached_warm_start
@@ -139,12 +144,20 @@ def build_session(config: Config, *, log: Callable[[str], None] = print) -> Sess
             width=width, cache_dir=cache_dir,
         )
         warm = {"steps": p.steps, "cached": cached, "checkpoint": path}
+    return Session(config, task, tokenizer, model, codec, _engine(model, config, width), width, warm)
+
+
+def _engine(model, config: Config, width: int):
+    """An inference engine for sequences of ``width`` tokens (prompt and completion); its batch
+    shape, and so the bits of every completion, follows from the config."""
+    from runtime.inference import Engine
+
     slots = min(config.workers.inference_batch, config.workers.inference_slots)
     page_size = 16
     pages_per_seq = -(-width // page_size)
-    engine = Engine(model, max_slots=slots, page_size=page_size, num_pages=slots * pages_per_seq + 1,
-                    max_seq_len=pages_per_seq * page_size, prefill_buckets=_buckets(longest_prompt))
-    return Session(config, task, tokenizer, model, codec, engine, width, warm)
+    longest_prompt = width - config.sampling.max_tokens
+    return Engine(model, max_slots=slots, page_size=page_size, num_pages=slots * pages_per_seq + 1,
+                  max_seq_len=pages_per_seq * page_size, prefill_buckets=_buckets(longest_prompt))
 
 
 def _buckets(longest: int) -> tuple[int, ...]:
@@ -355,37 +368,53 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
 
     step_config = make_step_config(config, session)
-    loaded: dict[int, tuple[dict, str]] = {}
 
-    def load_params(version: int):
-        if version not in loaded:
-            loaded.clear()
-            loaded[version] = (pstore.get(version), pstore.digest(version))
-        return loaded[version]
+    def params_loader():
+        """Each inference worker keeps the one version it uses."""
+        loaded: dict[int, tuple[dict, str]] = {}
 
-    inference = EngineWorker("inference-0", session.engine, session.task, session.codec, load_params,
-                             slots=config.workers.inference_slots)
-    verifier = TaskVerifier("verifier-0", session.task, session.codec)
+        def load_params(version: int):
+            if version not in loaded:
+                loaded.clear()
+                loaded[version] = (pstore.get(version), pstore.digest(version))
+            return loaded[version]
+
+        return load_params
+
+    inferences = [
+        EngineWorker(f"inference-{i}", session.engine if i == 0 else session.new_engine(), session.task,
+                     session.codec, params_loader(), slots=config.workers.inference_slots)
+        for i in range(config.workers.inference)
+    ]
+    verifiers = [TaskVerifier(f"verifier-{i}", session.task, session.codec) for i in range(config.workers.verifiers)]
     trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, step_config,
                           group_size=config.sampling.group_size, width=session.width)
     # The engine's batch shape decides the bits of every completion: recorded for replays.
-    ctrl.join(inference.worker_id, "inference", slots=inference.slots, info={"engine": session.engine.batch_shape})
-    ctrl.join(verifier.worker_id, "verifier")
+    for w in inferences:
+        ctrl.join(w.worker_id, "inference", slots=w.slots, info={"engine": w.engine.batch_shape})
+    for w in verifiers:
+        ctrl.join(w.worker_id, "verifier")
     ctrl.join(trainer.worker_id, "trainer")
 
-    def infer() -> bool:
-        leases = ctrl.leases(inference.worker_id)
-        if not leases:
-            return False
-        ctrl.complete(inference.generate(leases))
-        return True
+    def infer(inference) -> Callable[[], bool]:
+        def body() -> bool:
+            leases = ctrl.leases(inference.worker_id)
+            if not leases:
+                return False
+            ctrl.complete(inference.generate(leases))
+            return True
 
-    def verify() -> bool:
-        tasks = ctrl.scoring_work(verifier.worker_id, 512)
-        if not tasks:
-            return False
-        ctrl.record_outcomes(verifier.score(tasks))
-        return True
+        return body
+
+    def verify(verifier) -> Callable[[], bool]:
+        def body() -> bool:
+            tasks = ctrl.scoring_work(verifier.worker_id, 512)
+            if not tasks:
+                return False
+            ctrl.record_outcomes(verifier.score(tasks))
+            return True
+
+        return body
 
     def train() -> bool:
         task = ctrl.train_task(trainer.worker_id)
@@ -405,10 +434,12 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     gc.set_threshold(max(thresholds[0], 20_000), *thresholds[1:])
     t_rl = time.monotonic()
     workers.spawn("trainer", train)
-    workers.spawn("verifier", verify)
-    workers.spawn("inference", infer)
+    for w in verifiers:
+        workers.spawn(w.worker_id, verify(w))
+    for w in inferences:
+        workers.spawn(w.worker_id, infer(w))
     try:
-        _watch(ctrl, workers, retirer, trainer, inference, config, progress)
+        _watch(ctrl, workers, retirer, trainer, inferences, config, progress)
     finally:
         workers.join()
         gc.set_threshold(*thresholds)
@@ -424,7 +455,7 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     eval_after = evaluate(session, pstore.get(final_version), limit=config.pretrain.eval_size)
     log(f"held-out pass rate: {eval_before:.1%} before RL (version 0), {eval_after:.1%} after")
     summary = _summary(store, config, final_version, final_digest, eval_before, eval_after,
-                       rl_seconds, time.monotonic() - t_start, inference.generated_tokens, session)
+                       rl_seconds, time.monotonic() - t_start, sum(w.generated_tokens for w in inferences), session)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     from runtime.report import plot_report
@@ -433,7 +464,7 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     return summary
 
 
-def _watch(ctrl, workers: _Workers, retirer: _Retirer, trainer, inference, config: Config, progress: bool) -> None:
+def _watch(ctrl, workers: _Workers, retirer: _Retirer, trainer, inferences, config: Config, progress: bool) -> None:
     """Wait for the run to finish, showing progress and expiring silent leases."""
     steps = config.run.steps
     last_expire = time.monotonic()
@@ -455,7 +486,7 @@ def _watch(ctrl, workers: _Workers, retirer: _Retirer, trainer, inference, confi
                 last_expire = now
             if progress:
                 m = trainer.last_metrics
-                rate = inference.generated_tokens / max(now - t0, 1e-9)
+                rate = sum(w.generated_tokens for w in inferences) / max(now - t0, 1e-9)
                 info = (f"reward {m.get('reward_mean', 0):.3f}  pass {m.get('pass_rate', 0):.1%}  "
                         f"{rate:,.0f} tok/s") if m else "starting"
                 bar.update(task_id, completed=ctrl.state.trained, info=info)

@@ -239,3 +239,17 @@ def test_resume_on_another_stack_says_so(tmp_path, cache_dir, monkeypatch):
     assert summary["final_version"] == 3
     warnings = [m for m in lines if m.startswith("warning:")]
     assert len(warnings) == 1 and f"cores {recorded['cores']} → {recorded['cores'] + 6}" in warnings[0]
+
+
+@pytest.mark.slow
+def test_more_workers_change_nothing_but_timing_in_deterministic_mode(tmp_path, cache_dir):
+    base = ["run.steps=3", "workers.inference_slots=4"]  # 4 leases each: every inference worker gets work
+    one = run(tiny(cache_dir, *base), str(tmp_path / "one"), progress=False, log=lambda m: None)
+    many = run(tiny(cache_dir, *base, "workers.inference=2", "workers.verifiers=3"), str(tmp_path / "many"),
+               progress=False, log=lambda m: None)
+    assert many["final_digest"] == one["final_digest"]
+    with open_store(str(tmp_path / "many")) as store:
+        events = [s.event for s in store.read("run")]
+    joined = sorted(e.worker_id for e in events if e.KIND == "WorkerJoined")
+    assert joined == ["inference-0", "inference-1", "trainer-0", "verifier-0", "verifier-1", "verifier-2"]
+    assert {e.worker_id for e in events if e.KIND == "RolloutCompleted"} == {"inference-0", "inference-1"}
