@@ -14,7 +14,7 @@ from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("audit", help="provenance of a version, rollout or step; invariants I1–I8")
+    p = subparsers.add_parser("audit", help="provenance of a version, rollout or step; invariants I1–I8; diff of two runs")
     p.add_argument("directory", metavar="DIR", help="run directory (ledger.db, params/)")
     sub = p.add_subparsers(dest="audit_command", metavar="QUERY")
     sub.required = True

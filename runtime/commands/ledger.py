@@ -17,7 +17,7 @@ import numpy as np
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ledger", help="inspect, verify and repair a ledger")
+    p = subparsers.add_parser("ledger", help="inspect, verify, repair and export a ledger")
     sub = p.add_subparsers(dest="ledger_command", metavar="ACTION")
     sub.required = True
 
@@ -47,11 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--follow", "-f", action="store_true", help="keep printing new events as they commit")
     sp.set_defaults(func=cmd_tail)
 
-    sp = sub.add_parser("export", help="one JSON row per rollout and per policy version (an Apache Beam pipeline)",
+    sp = sub.add_parser("export", help="JSON rows per rollout, policy version and step (an Apache Beam pipeline)",
                         description="Join every rollout's request, leases, completion, outcome, consuming step, prompt "
-                                    "and completion text into "
-                                    "OUT/rollouts-*.jsonl, and per-version statistics into OUT/versions-*.jsonl, with an "
-                                    "Apache Beam pipeline. Arguments after -- are Beam pipeline options, e.g. "
+                                    "and completion text into OUT/rollouts-*.jsonl, per-version statistics into "
+                                    "OUT/versions-*.jsonl and per-step rows into OUT/steps-*.jsonl, with an Apache Beam "
+                                    "pipeline. Arguments after -- are Beam pipeline options, e.g. "
                                     "-- --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing")
     target(sp)
     sp.add_argument("--out", required=True, help="output directory (or a URL the Beam runner can write)")
