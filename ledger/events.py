@@ -261,7 +261,7 @@ class RolloutRequested(Event):
 
 
 @upcaster("RolloutRequested", 1)
-def _requested_v1(body: Body) -> Body:
+def upcast_requested_v1_v2(body: Body) -> Body:
     """Version 1 (``rollout_id``, ``seed``): one sample per event."""
     body["rollout_ids"] = (body.pop("rollout_id"),)
     body["seeds"] = (body.pop("seed"),)
@@ -283,7 +283,7 @@ class RolloutAssigned(Event):
 
 
 @upcaster("RolloutAssigned", 1)
-def _assigned_v1(body: Body) -> Body:
+def upcast_assigned_v1_v2(body: Body) -> Body:
     """Version 1 (``rollout_id``, ``worker_id``, ``attempt``): one request per event."""
     return {"worker_id": body["worker_id"], "rollout_ids": (body["rollout_id"],), "attempts": (body["attempt"],)}
 
