@@ -295,7 +295,7 @@ def resolve_url(target: str | os.PathLike) -> str:
     if "://" in t or t == ":memory:":
         return t
     if os.path.isdir(t):
-        pointer = None if os.path.exists(os.path.join(t, RUN_LEDGER_FILE)) else run_pointer(t)
+        pointer = directory_pointer(t)
         if pointer is not None:
             return pointer["url"]
         t = os.path.join(t, RUN_LEDGER_FILE)
@@ -319,12 +319,18 @@ def run_pointer(directory: str | os.PathLike) -> dict | None:
     return {"url": url, "run_id": run_id}
 
 
-def pointed_run(target: str | os.PathLike) -> str | None:
-    """The run id a run directory's pointer names, when ``target`` resolves through one."""
+def directory_pointer(target: str | os.PathLike) -> dict | None:
+    """The pointer ``target`` resolves through: ``run_pointer`` of a run directory that has no
+    ``ledger.db`` of its own (which takes precedence); None for anything else."""
     t = os.fspath(target)
     if "://" in t or not os.path.isdir(t) or os.path.exists(os.path.join(t, RUN_LEDGER_FILE)):
         return None
-    pointer = run_pointer(t)
+    return run_pointer(t)
+
+
+def pointed_run(target: str | os.PathLike) -> str | None:
+    """The run id a run directory's pointer names, when ``target`` resolves through one."""
+    pointer = directory_pointer(target)
     return None if pointer is None else pointer["run_id"]
 
 

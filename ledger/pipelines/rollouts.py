@@ -24,7 +24,7 @@ from typing import Any
 import apache_beam as beam
 
 from ledger import events as ev
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, RunNotFound
 from ledger.store import open_store, resolve_url
 
 DEFAULT_RANGE = 20_000
@@ -73,8 +73,6 @@ class ReadLedger(beam.PTransform):
         self.url, self.run_id, self.range_events = _check_url(target), run_id, range_events
         with open_store(self.url) as store:
             if run_id not in store.runs():
-                from ledger.errors import RunNotFound
-
                 raise RunNotFound(run_id, store.runs())
             self.head = store.head(run_id).seq
 

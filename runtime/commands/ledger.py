@@ -70,13 +70,13 @@ def _open(target: str, create: bool = False):
     return open_store(target, create=create)
 
 
-def _runs(store, run_id: str | None, target: str | None = None) -> list[str]:
+def _runs(store, run_id: str | None, target: str) -> list[str]:
     """``[run_id]``, else the run a run directory's pointer names (its ledger may hold others),
     else every run."""
     from ledger import RunNotFound
     from ledger.store import pointed_run
 
-    run_id = run_id or (pointed_run(target) if target is not None else None)
+    run_id = run_id or pointed_run(target)
     runs = store.runs()
     if run_id is None:
         return runs

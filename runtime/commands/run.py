@@ -109,9 +109,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _ledger_of(out: str) -> str:
     """Where the run's ledger is: ``DIR/ledger.db``, or the URL the directory's pointer names."""
-    from ledger.store import RUN_LEDGER_FILE, run_pointer
+    from ledger.store import RUN_LEDGER_FILE, directory_pointer
 
-    pointer = None if os.path.exists(os.path.join(out, RUN_LEDGER_FILE)) else run_pointer(out)
+    pointer = directory_pointer(out)
     return os.path.join(out, RUN_LEDGER_FILE) if pointer is None else pointer["url"]
 
 

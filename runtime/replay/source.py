@@ -12,15 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ledger import LedgerError, open_store
-from ledger.store import (
-    RUN_LEDGER_FILE,
-    RUN_POINTER_FILE,
-    StoredEvent,
-    VerifyReport,
-    pointed_run,
-    resolve_url,
-    run_pointer,
-)
+from ledger.store import RUN_LEDGER_FILE, RUN_POINTER_FILE, StoredEvent, VerifyReport, directory_pointer
 from runtime.errors import UsageError
 
 
@@ -57,13 +49,14 @@ def read_run(directory: str, run_id: str | None = None) -> RunLedger:
     """
     if not os.path.isdir(directory):
         raise UsageError(f"{directory!r} is not a run directory (a directory holding {RUN_LEDGER_FILE})")
-    path = os.path.join(directory, RUN_LEDGER_FILE)
-    if not os.path.isfile(path):
-        if run_pointer(directory) is None:
+    pointer = directory_pointer(directory)
+    if pointer is None:
+        path = os.path.join(directory, RUN_LEDGER_FILE)
+        if not os.path.isfile(path):
             raise UsageError(f"{directory!r} is not a run directory: it has no {RUN_LEDGER_FILE} "
                              f"(nor a {RUN_POINTER_FILE} naming its ledger)")
-        path = resolve_url(directory)
-        run_id = run_id or pointed_run(directory)
+    else:
+        path, run_id = pointer["url"], run_id or pointer["run_id"]
     with open_store(directory) as store:
         runs = store.runs()
         if run_id is None:
