@@ -24,6 +24,7 @@ import numpy as np
 
 from ledger import events as ev
 from ledger.store import StoredEvent
+from runtime.replay.divergence import first_difference_index, logprob_bits
 
 
 class _Run:
@@ -73,10 +74,6 @@ def _differences(a: dict, b: dict) -> dict[str, list]:
     return {k: [fa.get(k), fb.get(k)] for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
 
 
-def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
-    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
-
-
 def _rollout_difference(a: _Run, b: _Run, rid: int) -> dict | None:
     """What differs between the two runs' rollout ``rid`` (None if nothing). Only what both
     runs recorded is compared: a run that stopped earlier has fewer completions, not others."""
@@ -87,15 +84,13 @@ def _rollout_difference(a: _Run, b: _Run, rid: int) -> dict | None:
                 return {"rollout_id": rid, "field": name, "message": f"{name}: {getattr(qa, name)!r} vs {getattr(qb, name)!r}"}
     ca, cb = a.completions.get(rid), b.completions.get(rid)
     if ca is not None and cb is not None:
-        if not _same_bits(ca.tokens, cb.tokens):
-            n = min(len(ca.tokens), len(cb.tokens))
-            at = next((i for i in range(n) if ca.tokens[i] != cb.tokens[i]), n)
+        at = first_difference_index(np.asarray(ca.tokens), np.asarray(cb.tokens))
+        if at is not None:
             return {"rollout_id": rid, "field": "tokens", "position": at,
                     "message": f"tokens differ from position {at} ({len(ca.tokens)} vs {len(cb.tokens)} tokens)"}
-        if not _same_bits(ca.logprobs, cb.logprobs):
+        at = first_difference_index(logprob_bits(ca.logprobs), logprob_bits(cb.logprobs))
+        if at is not None:
             la, lb = ca.logprobs.astype(np.float64), cb.logprobs.astype(np.float64)
-            at = int(np.flatnonzero(ca.logprobs.view(np.uint32) != cb.logprobs.view(np.uint32))[0]) \
-                if ca.logprobs.dtype == np.float32 and ca.logprobs.shape == cb.logprobs.shape else 0
             delta = float(np.max(np.abs(la - lb))) if la.shape == lb.shape else None
             return {"rollout_id": rid, "field": "logprobs", "position": at, "max_abs_delta": delta,
                     "message": f"same tokens, log-prob bits differ from position {at} (max |Δ| {delta})"}

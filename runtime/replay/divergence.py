@@ -110,9 +110,7 @@ def compare_rollout(sampled: SampledRollout, regenerated: ev.RolloutCompleted) -
         if field == "tokens":
             message = _array_difference(np.asarray(a, np.int32), np.asarray(b, np.int32), "token")
         elif field == "logprobs":
-            message = _array_difference(np.asarray(a, np.float32).view(np.uint32),
-                                        np.asarray(b, np.float32).view(np.uint32), "log-prob bits",
-                                        show=lambda x: f"{x:#010x}")
+            message = _array_difference(logprob_bits(a), logprob_bits(b), "log-prob bits", show=lambda x: f"{x:#010x}")
         else:
             message = None if a == b else f"logged {_short(a)}, regenerated {_short(b)}"
         if message is not None:
@@ -121,15 +119,28 @@ def compare_rollout(sampled: SampledRollout, regenerated: ev.RolloutCompleted) -
     return None
 
 
-def _array_difference(a: np.ndarray, b: np.ndarray, what: str, show=str) -> str | None:
+def first_difference_index(a: np.ndarray, b: np.ndarray) -> int | None:
+    """The first position where flat arrays ``a`` and ``b`` differ (the shorter one's length when
+    one is a prefix of the other), or None when they are equal."""
     n = min(a.size, b.size)
     diff = np.flatnonzero(a[:n] != b[:n])
     if diff.size:
-        i = int(diff[0])
+        return int(diff[0])
+    return None if a.size == b.size else n
+
+
+def logprob_bits(x) -> np.ndarray:
+    """Log-probs as their float32 bit patterns (``-0.0`` differs from ``0.0``, NaNs by payload)."""
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+def _array_difference(a: np.ndarray, b: np.ndarray, what: str, show=str) -> str | None:
+    i = first_difference_index(a, b)
+    if i is None:
+        return None
+    if i < min(a.size, b.size):
         return f"{what} {i} differs: logged {show(a[i])}, regenerated {show(b[i])}"
-    if a.size != b.size:
-        return f"logged {a.size} values, regenerated {b.size}"
-    return None
+    return f"logged {a.size} values, regenerated {b.size}"
 
 
 def fingerprint_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
