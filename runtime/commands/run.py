@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a config value, e.g. --set algorithm.name=rloo (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, steps_field="run.steps")
 
     p = subparsers.add_parser("pretrain", help="only the supervised warm start: train it (or load it from the cache), "
                                                "evaluate it, optionally save it")
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a config value, e.g. --set pretrain.learning_rate=3e-3 (repeatable)")
     p.add_argument("--out", help="also save the warm-started model here, a Hugging Face checkpoint for --model")
-    p.set_defaults(func=cmd_pretrain, model=None)
+    p.set_defaults(func=cmd_pretrain, steps_field="pretrain.steps", model=None)
 
     p = subparsers.add_parser("resume", help="continue a run that was killed or crashed")
     p.add_argument("out", metavar="DIR", help="the run directory")
@@ -42,7 +42,7 @@ def _config(args: argparse.Namespace):
 
     overrides = list(args.overrides)
     if args.steps is not None:
-        overrides.append(f"{'pretrain' if args.func is cmd_pretrain else 'run'}.steps={args.steps}")
+        overrides.append(f"{args.steps_field}={args.steps}")
     if args.seed is not None:
         overrides.append(f"run.seed={args.seed}")
     if args.model is not None:
