@@ -27,7 +27,9 @@ from typing import Any
 
 from runtime.errors import UsageError
 
-MODES = ("deterministic", "freshest")
+DETERMINISTIC = "deterministic"
+FRESHEST = "freshest"
+MODES = (DETERMINISTIC, FRESHEST)
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
@@ -120,7 +122,8 @@ class RunConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(Section):
     """The policy: a local Hugging Face checkpoint directory, or None for the built-in model,
-    a decoder of the given shape initialised with normal(0, ``initializer_range``) weights."""
+    a decoder of the given shape initialised with normal(0, ``initializer_range``) weights.
+    The shape fields are named as ``runtime.model.ModelConfig``'s, which they become."""
 
     NAME = "model"
     path: str | None = None
@@ -129,10 +132,12 @@ class ModelConfig(Section):
     num_heads: int = 4
     num_kv_heads: int = 4
     intermediate_size: int = 512
+    max_position_embeddings: int = 256
     initializer_range: float = 0.08
 
     def check(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                     "max_position_embeddings"):
             self._at_least(name, 1)
         if not self.initializer_range > 0.0:
             raise _fail("model.initializer_range", self.initializer_range, "it must be > 0")
@@ -276,12 +281,14 @@ class WorkersConfig(Section):
     """Worker pools and leases: how many of each, how many concurrent leases per inference
     worker (``inference_slots``), how many sequences its engine decodes together
     (``inference_batch``; leases beyond it wait in the engine's queue and enter as slots free
-    up), and after how many seconds without a heartbeat a lease is given up."""
+    up), the tokens per page of its KV cache (``page_size``), and after how many seconds
+    without a heartbeat a lease is given up."""
 
     NAME = "workers"
     inference: int = 1
     inference_slots: int = 256
     inference_batch: int = 64
+    page_size: int = 16
     verifiers: int = 1
     lease_timeout_s: float = 120.0
 
@@ -289,6 +296,7 @@ class WorkersConfig(Section):
         self._at_least("inference", 1)
         self._at_least("inference_slots", 1)
         self._at_least("inference_batch", 1)
+        self._at_least("page_size", 1)
         self._at_least("verifiers", 1)
         if self.lease_timeout_s <= 0.0:
             raise _fail("workers.lease_timeout_s", self.lease_timeout_s, "it must be > 0")

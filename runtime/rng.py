@@ -10,7 +10,7 @@ restart (DESIGN.md, determinism contract, point 2). The derivation is a keyed ha
 read as two little-endian u64 words. Distinct purposes or index tuples give independent keys
 (up to hash collisions); the framing (lengths, fixed-width indices) keeps different inputs from
 hashing the same bytes. The controller uses only this module and numpy, never JAX; the engine
-turns a seed into a JAX key with :func:`jax_key`.
+turns a rollout's seed into a JAX key itself (``runtime.inference.sampling``).
 
 Purposes used by the run:
 
@@ -122,16 +122,3 @@ def rollout_seeds(seed: int, batch: int, ordinal: int, count: int) -> tuple[int,
         digest = hashlib.blake2b(head + _I64.pack(sample), digest_size=16).digest()
         out.append(_U64.unpack_from(digest, 0)[0] & _SEED_MASK)
     return tuple(out)
-
-
-def jax_key(seed: int):
-    """A JAX threefry key from a seed of this module (for the inference engine and trainer).
-
-    The 64-bit seed becomes the key data ``[hi32, lo32]`` directly, so no bits are lost when
-    JAX runs without 64-bit integers.
-    """
-    import jax
-
-    seed = _check_seed(seed)
-    data = np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], dtype=np.uint32)
-    return jax.random.wrap_key_data(data, impl="threefry2x32")

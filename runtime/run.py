@@ -14,172 +14,19 @@ how many workers there are.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-import numpy as np
-
-from ledger import open_store
-from ledger.store import pointed_run, write_run_pointer
 from ledger import events as ev
+from ledger import open_store
 from runtime.config import Config
 from runtime.errors import UsageError
-
-
-@dataclasses.dataclass
-class Session:
-    """Everything a run needs, built from its config (see :func:`build_session`)."""
-
-    config: Config
-    task: Any
-    tokenizer: Any
-    model: Any
-    codec: Any
-    engine: Any
-    width: int
-    warm_start: dict
-
-    def new_engine(self):
-        """Another engine of ``engine``'s shape (for another inference worker): the same bits."""
-        return _engine(self.model, self.config, self.width)
-
-
-def fingerprint() -> dict:
-    """The software/hardware stack the run's bits depend on (recorded in ``RunStarted``)."""
-    import platform
-
-    import jax
-    import jaxlib
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    device = jax.devices()[0]
-    return {
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "backend": jax.default_backend(),
-        "device_kind": device.device_kind,
-        "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }
-
-
-def _builtin_model(config: Config, tokenizer):
-    import jax
-
-    from runtime.model import BOS_ID, EOS_ID, PAD_ID, Model, ModelConfig
-
-    m = config.model
-    mc = ModelConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=m.hidden_size,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=256,
-        initializer_range=m.initializer_range,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-    )
-    return Model.init(mc, key=jax.random.key(config.run.seed), tokenizer=tokenizer)
-
-
-def make_task(config: Config):
-    from runtime.tasks import make_task as build
-
-    d = config.data
-    if d.task == "jsonl" or d.path is not None:
-        if d.path is None:
-            raise UsageError("data.task 'jsonl' needs data.path (a JSONL file)")
-        return build("jsonl", path=d.path, eval_fraction=d.eval_fraction, seed=config.run.seed)
-    return build(d.task, seed=config.run.seed)
-
-
-def build_session(config: Config, *, log: Callable[[str], None] = print) -> Session:
-    """Task, tokenizer, initial model (after the supervised warm start) and engine."""
-    from runtime.model import char_tokenizer, load_hf
-    from runtime.tasks.base import TextCodec
-    from runtime.trainer.pretrain import PretrainConfig, cached_warm_start
-
-    task = make_task(config)
-    if config.model.path is not None:
-        if not os.path.isfile(os.path.join(config.model.path, "config.json")):
-            raise UsageError(f"model.path {config.model.path!r} is not a Hugging Face checkpoint directory (no config.json)")
-        model = load_hf(config.model.path)
-        if model.tokenizer is None:
-            raise UsageError(f"model.path {config.model.path!r} has no tokenizer.json")
-        tokenizer = model.tokenizer
-    else:
-        tokenizer = char_tokenizer()
-        model = _builtin_model(config, tokenizer)
-    codec = TextCodec.for_model(model)
-    longest_prompt = task.max_prompt_chars() + (codec.bos_id is not None)
-    width = longest_prompt + config.sampling.max_tokens
-    warm = {"steps": 0, "cached": False}
-    p = config.pretrain
-    if p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
-        cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
-        log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
-        model, path, cached = cached_warm_start(
-            model, task,
-            PretrainConfig(steps=p.steps, batch_size=p.batch_size, learning_rate=p.learning_rate, seed=config.run.seed),
-            width=width, cache_dir=cache_dir,
-        )
-        warm = {"steps": p.steps, "cached": cached, "checkpoint": path}
-    return Session(config, task, tokenizer, model, codec, _engine(model, config, width), width, warm)
-
-
-def _engine(model, config: Config, width: int):
-    """An inference engine for sequences of ``width`` tokens (prompt and completion); its batch
-    shape, and so the bits of every completion, follows from the config."""
-    from runtime.inference import Engine
-
-    slots = min(config.workers.inference_batch, config.workers.inference_slots)
-    page_size = 16
-    pages_per_seq = -(-width // page_size)
-    longest_prompt = width - config.sampling.max_tokens
-    return Engine(model, max_slots=slots, page_size=page_size, num_pages=slots * pages_per_seq + 1,
-                  max_seq_len=pages_per_seq * page_size, prefill_buckets=_buckets(longest_prompt))
-
-
-def _buckets(longest: int) -> tuple[int, ...]:
-    b = 16
-    while b < longest:
-        b *= 2
-    return (b,)
-
-
-def evaluate(session: Session, params, *, limit: int) -> float:
-    """Greedy pass rate on the held-out split (at most ``limit`` problems)."""
-    from runtime.workers.inference import sampling_params
-
-    task = session.task
-    n = min(limit, task.eval_size)
-    problems = [task.problem("eval", i) for i in range(n)]
-    session.engine.update_params(params)
-    codec = session.codec
-    sp = sampling_params({"temperature": 0.0, "max_tokens": session.config.sampling.max_tokens}, codec.eos_ids)
-    completions = session.engine.generate([codec.encode_prompt(p) for p in problems], sp, list(range(n)))
-    texts = [codec.decode(c.tokens) for c in completions]
-    return float(np.mean([s.passed for s in task.score(problems, texts)]))
+from runtime.rundir import RunDir
+from runtime.session import Session, build_session, fingerprint
 
 
 class _Workers:
@@ -234,8 +81,9 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     from runtime.controller import ControllerLoop
     from runtime.params import ParamStore
 
-    ledger_url = config.ledger.url or os.path.join(out, "ledger.db")
-    params_url = config.params.url or os.path.join(out, "params")
+    rundir = RunDir(out)
+    ledger_url = rundir.new_ledger(config.ledger.url)
+    params_url = rundir.params(config.params.url)
     t_start = time.monotonic()
     session = build_session(config, log=log)  # validates model, data and task first
     config = config.resolved(data_size=session.task.train_size)
@@ -246,7 +94,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
             raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; continue it with "
                              f"`rlx resume {out}`, or choose another --out or run.name")
         if config.ledger.url is not None:  # resume, replay and audit of `out` find the ledger through it
-            write_run_pointer(out, ledger_url, config.run.name)
+            rundir.point_to(ledger_url, config.run.name)
         pstore = ParamStore.open(params_url, create=True)
         retirer = _Retirer(pstore)
         ctrl = ControllerLoop.create(
@@ -268,16 +116,10 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
     from runtime.replay.divergence import fingerprint_diff
 
     t_start = time.monotonic()
+    rundir = RunDir(out)
     store = open_store(out)
     try:
-        runs = store.runs()
-        run_id = run_id or pointed_run(out)
-        if run_id is None:
-            if len(runs) != 1:
-                raise UsageError(f"{out} holds {len(runs)} runs ({', '.join(runs) or 'none'}); pick one with --run")
-            run_id = runs[0]
-        elif run_id not in runs:
-            raise UsageError(f"no run {run_id!r} in {out}; runs present: {', '.join(runs) or 'none'}")
+        run_id = rundir.select_run(store, run_id)
         report = store.verify(run_id)
         if not report.ok:
             hint = "; `rlx ledger repair` can cut a torn tail" if report.torn_tail else ""
@@ -286,7 +128,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
         if not isinstance(first, ev.RunStarted):
             raise UsageError(f"run {run_id!r} does not start with RunStarted")
         config = Config.from_dict(first.config)
-        params_url = config.params.url or os.path.join(out, "params")
+        params_url = rundir.logged_params(first.config)
         pstore = ParamStore.open(params_url)
         from runtime.controller import replay
 
@@ -349,25 +191,12 @@ class _Retirer:
                     self.pstore.delete(v)
 
 
-def make_step_config(config: Config, session: Session):
-    """The train step's static configuration for ``config`` (used by runs and replays alike)."""
-    from runtime.trainer.step import StepConfig
-
-    return StepConfig(
-        model=session.model.config, objective=config.objective(),
-        learning_rate=config.trainer.learning_rate, weight_decay=config.trainer.weight_decay,
-        max_grad_norm=config.trainer.max_grad_norm, temperature=config.sampling.temperature,
-    )
-
-
 def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, retirer: _Retirer, t_start: float,
            progress: bool, log: Callable[[str], None]) -> dict:
     """Run the worker threads until the run finishes; evaluate versions 0 and final on the held-out
     split (after the run, so a resume goes back to work at once); write summary.json, report.png."""
     from runtime.controller import InitTask
     from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
-
-    step_config = make_step_config(config, session)
 
     def params_loader():
         """Each inference worker keeps the one version it uses."""
@@ -387,7 +216,7 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
         for i in range(config.workers.inference)
     ]
     verifiers = [TaskVerifier(f"verifier-{i}", session.task, session.codec) for i in range(config.workers.verifiers)]
-    trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, step_config,
+    trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, session.step_config,
                           group_size=config.sampling.group_size, width=session.width)
     # The engine's batch shape decides the bits of every completion: recorded for replays.
     for w in inferences:
@@ -451,8 +280,8 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     state = ctrl.state
     final_version = state.latest
     final_digest = state.versions[final_version]
-    eval_before = evaluate(session, pstore.get(0), limit=config.pretrain.eval_size)
-    eval_after = evaluate(session, pstore.get(final_version), limit=config.pretrain.eval_size)
+    eval_before = session.evaluate(pstore.get(0), limit=config.pretrain.eval_size)
+    eval_after = session.evaluate(pstore.get(final_version), limit=config.pretrain.eval_size)
     log(f"held-out pass rate: {eval_before:.1%} before RL (version 0), {eval_after:.1%} after")
     summary = _summary(store, config, final_version, final_digest, eval_before, eval_after,
                        rl_seconds, time.monotonic() - t_start, sum(w.generated_tokens for w in inferences), session)
@@ -528,4 +357,4 @@ def _summary(store, config: Config, final_version: int, final_digest: str, eval_
     }
 
 
-__all__ = ["Session", "build_session", "evaluate", "fingerprint", "make_step_config", "resume", "run"]
+__all__ = ["resume", "run"]

@@ -113,7 +113,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     from runtime.controller.workers import TrainRollout, TrainTask
     from runtime.model import forward
     from runtime.params import ParamStore
-    from runtime.run import build_session, make_step_config
+    from runtime.session import build_session
     from runtime.trainer.step import make_optimizer, train_step
     from runtime.workers import StepTrainer
 
@@ -121,7 +121,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
         events = [s.event for s in store.read("run")]
     config = Config.from_dict(events[0].config)
     session = build_session(config, log=lambda m: None)
-    step_config = make_step_config(config, session)
+    step_config = session.step_config
     requests = {q.rollout_id: q for e in events if e.KIND == "RolloutRequested" for q in e.samples()}
     completions = {e.rollout_id: e for e in events if e.KIND == "RolloutCompleted"}
     outcomes = {e.rollout_id: e for e in events if e.KIND == "OutcomeRecorded"}

@@ -27,7 +27,7 @@ class RunText:
         except RlxError:
             return
         try:
-            from runtime.run import make_task
+            from runtime.session import make_task
 
             self._task = make_task(cfg)
         except (RlxError, OSError):

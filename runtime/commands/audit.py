@@ -78,9 +78,10 @@ def cmd_query(args: argparse.Namespace) -> int:
 def _stored_versions(directory: str, config: dict) -> tuple[dict[int, str] | None, dict[int, str]]:
     """Digests recomputed from every stored version's arrays, and the versions that would not read."""
     from runtime.params import ParamStoreError
-    from runtime.replay import open_params, params_url
+    from runtime.replay import open_params
+    from runtime.rundir import RunDir
 
-    pstore = open_params(params_url(directory, config))
+    pstore = open_params(RunDir(directory).logged_params(config))
     if pstore is None:
         return None, {}
     stored, unreadable = {}, {}

@@ -74,7 +74,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from runtime.errors import UsageError
-    from runtime.run import build_session, evaluate
+    from runtime.session import build_session
 
     config = _config(args)
     if config.pretrain.steps < 1:
@@ -83,7 +83,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.out!r} already holds a checkpoint (config.json); choose another --out")
     console = Console()
     session = build_session(config, log=lambda m: console.print(m))
-    rate = evaluate(session, session.model.params, limit=config.pretrain.eval_size)
+    rate = session.evaluate(session.model.params, limit=config.pretrain.eval_size)
     warm = session.warm_start
     console.print(f"checkpoint ({'loaded from the cache' if warm['cached'] else 'trained now'}): {warm['checkpoint']}")
     console.print(f"held-out greedy pass rate: {rate:.1%} ({min(config.pretrain.eval_size, session.task.eval_size)} problems)")
@@ -107,16 +107,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ledger_of(out: str) -> str:
-    """Where the run's ledger is: ``DIR/ledger.db``, or the URL the directory's pointer names."""
-    from ledger.store import RUN_LEDGER_FILE, directory_pointer
-
-    pointer = directory_pointer(out)
-    return os.path.join(out, RUN_LEDGER_FILE) if pointer is None else pointer["url"]
-
-
 def _print_summary(console, summary: dict, out: str) -> None:
     from rich.table import Table
+
+    from runtime.rundir import RunDir
 
     t = Table(title=f"run {summary['run']}", show_header=False)
     rows = [
@@ -129,7 +123,7 @@ def _print_summary(console, summary: dict, out: str) -> None:
         ("steps/min", f"{summary['steps_per_minute']:.1f}"),
         ("final version", f"{summary['final_version']}  digest {summary['final_digest'][:16]}"),
         ("wall time", f"{summary['total_seconds']:.0f} s (RL {summary['rl_seconds']:.0f} s)"),
-        ("files", f"{_ledger_of(out)}, summary.json, report.png"),
+        ("files", f"{RunDir(out).ledger}, summary.json, report.png"),
     ]
     for k, v in rows:
         t.add_row(k, v)

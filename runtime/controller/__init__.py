@@ -9,16 +9,12 @@ from runtime.controller.replay import ReplayDivergence, replay
 from runtime.controller.spec import ControllerSpec, SpecError
 from runtime.controller.state import INITIAL, ControllerState, Group, Plan, Request, Worker
 from runtime.controller.workers import (
-    Controller,
-    InferenceWorker,
     InitTask,
     Lease,
     ScoreTask,
-    TrainerWorker,
     TrainRollout,
     TrainTask,
     Verdict,
-    VerifierWorker,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -91,35 +91,58 @@ def _weights(s: ControllerState, e: ev.WeightsPublished) -> str | None:
     return None
 
 
+def _worker_joined(s: ControllerState, e: ev.WorkerJoined) -> str | None:
+    if e.worker_id in s.workers:
+        return f"worker {e.worker_id!r} is already joined"
+    if e.slots < 1:
+        return f"worker {e.worker_id!r} joins with {e.slots} slots; at least 1 is needed"
+    return None
+
+
+def _worker_lost(s: ControllerState, e: ev.WorkerLost) -> str | None:
+    return None if e.worker_id in s.workers else f"worker {e.worker_id!r} is not joined"
+
+
+def _run_started(s: ControllerState, e: ev.RunStarted) -> str | None:
+    return "the run has already started" if s.spec is not None else None
+
+
+def _controller_started(s: ControllerState, e: ev.ControllerStarted) -> str | None:
+    return f"epoch {e.epoch} is not above {s.epoch}" if e.epoch <= s.epoch else None
+
+
+_GUARDS = {
+    ev.RunStarted: _run_started,
+    ev.ControllerStarted: _controller_started,
+    ev.WorkerJoined: _worker_joined,
+    ev.WorkerLost: _worker_lost,
+    ev.RolloutCompleted: _completion,
+    ev.RolloutAbandoned: _abandoned,
+    ev.OutcomeRecorded: _outcome,
+    ev.TrainStepCompleted: _train_step,
+    ev.WeightsPublished: _weights,
+}
+assert frozenset(_GUARDS) == INPUT_KINDS
+_AFTER_FINISH = frozenset({ev.RolloutCompleted, ev.OutcomeRecorded, ev.RolloutAbandoned})
+
+
+def guard(state: ControllerState, event: ev.Event) -> str | None:
+    """Why input ``event`` cannot follow ``state``, or None: the one check of each input kind,
+    run by :func:`admit` before an input is appended and by ``reduce`` when it is folded."""
+    kind = type(event)
+    if state.spec is None and kind is not ev.RunStarted:
+        return "the run has not started"
+    if state.finished and kind in _AFTER_FINISH:
+        return "the run is finished"
+    return _GUARDS[kind](state, event)
+
+
 def admit(state: ControllerState, event: ev.Event) -> str | None:
     """None if ``event`` may be appended after ``state``, else why it is rejected (one line).
 
     ``state`` is a ``ControllerState`` or the draft of one being folded (``reduce.Folder``):
     only attributes, ``get``, ``[]`` and ``in`` on its maps are read.
     """
-    kind = type(event)
-    if kind not in INPUT_KINDS:
+    if type(event) not in INPUT_KINDS:
         return f"{event.KIND} is decided by the controller, not submitted"
-    if state.spec is None and kind is not ev.RunStarted:
-        return "the run has not started"
-    if state.finished and kind in (ev.RolloutCompleted, ev.OutcomeRecorded, ev.RolloutAbandoned):
-        return "the run is finished"
-    if kind is ev.RolloutCompleted:
-        return _completion(state, event)
-    if kind is ev.OutcomeRecorded:
-        return _outcome(state, event)
-    if kind is ev.RolloutAbandoned:
-        return _abandoned(state, event)
-    if kind is ev.TrainStepCompleted:
-        return _train_step(state, event)
-    if kind is ev.WeightsPublished:
-        return _weights(state, event)
-    if kind is ev.WorkerJoined:
-        return f"worker {event.worker_id!r} is already joined" if event.worker_id in state.workers else None
-    if kind is ev.WorkerLost:
-        return None if event.worker_id in state.workers else f"worker {event.worker_id!r} is not joined"
-    if kind is ev.RunStarted:
-        return "the run has already started" if state.spec is not None else None
-    if kind is ev.ControllerStarted and event.epoch <= state.epoch:
-        return f"epoch {event.epoch} is not above {state.epoch}"
-    return None
+    return guard(state, event)

@@ -21,7 +21,6 @@ class RolloutCache:
         self.outcomes: dict[int, ev.OutcomeRecorded] = {}
         self.unscored: dict[int, None] = {}  # completion order
         self.batches: dict[int, ev.BatchFormed] = {}  # formed, untrained
-        self.versions: dict[int, str] = {}
         self._groups: dict[int, list[int]] = {}
 
     def _drop(self, rollout_ids) -> None:
@@ -63,13 +62,6 @@ class RolloutCache:
         if batch is not None:
             self._drop(batch.rollout_ids)
 
-    def _published(self, e: ev.WeightsPublished) -> None:
-        self.versions[e.version] = e.digest
-
-    def _retired(self, e: ev.VersionsRetired) -> None:
-        for v in e.versions:
-            self.versions.pop(v, None)
-
 
 _OBSERVERS = {
     ev.RolloutRequested: RolloutCache._requested,
@@ -78,6 +70,4 @@ _OBSERVERS = {
     ev.GroupDiscarded: RolloutCache._discarded,
     ev.BatchFormed: RolloutCache._formed,
     ev.TrainStepCompleted: RolloutCache._trained,
-    ev.WeightsPublished: RolloutCache._published,
-    ev.VersionsRetired: RolloutCache._retired,
 }

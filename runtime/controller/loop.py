@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Sequence
 from ledger import events as ev
 from ledger.errors import AppendConflict, Fenced
 from ledger.store import EventStore, StoredEvent
-from runtime.controller.admit import admit
 from runtime.controller.cache import RolloutCache
 from runtime.controller.decide import decide_and_fold
 from runtime.controller.reduce import Folder
@@ -34,7 +33,6 @@ from runtime.controller.replay import replay
 from runtime.controller.state import INITIAL, ControllerState
 from runtime.controller.workers import (
     ACCEPTED,
-    INFERENCE,
     ROLES,
     InitTask,
     Lease,
@@ -140,9 +138,8 @@ class ControllerLoop:
             accepted: list[ev.Event] = []
             verdicts: list[Verdict] = []
             for e in inputs:
-                reason = admit(folder.draft, e)
+                reason = folder.admit(e)
                 if reason is None:
-                    folder.apply(e)
                     accepted.append(e)
                     verdicts.append(ACCEPTED)
                 else:
@@ -301,8 +298,3 @@ class ControllerLoop:
         resume; versions above the newest published one may be a put in progress and are kept)."""
         s = self._state
         return tuple(sorted(v for v in stored if v <= s.latest and v not in s.versions))
-
-    def inference_workers(self) -> list[str]:
-        """Joined inference workers, in join order."""
-        s = self._state
-        return [w.worker_id for w in sorted(s.workers.values(), key=lambda w: w.order) if w.role == INFERENCE]

@@ -2,9 +2,10 @@
 
 Pure and strict: an event that cannot follow the state (a second completion of a request, a
 lease of a request that is not pending, a version out of order) raises :class:`InvalidEvent`,
-because the I/O loop admits only inputs that apply (``admit``) and ``decide`` only emits
-decisions that apply. A ledger that folds without error is a history the controller could
-have written.
+because the I/O loop admits only inputs that apply and ``decide`` only emits decisions that
+apply. An input is checked by ``admit.guard``, the same check the loop admits it with, so a
+ledger holds an input exactly when the fold accepts it; a decision is checked by its handler. A
+ledger that folds without error is a history the controller could have written.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ledger import events as ev
+from runtime.controller.admit import INPUT_KINDS, admit, guard
 from runtime.controller.spec import DETERMINISTIC, ControllerSpec
 from runtime.controller.state import (
     INITIAL,
@@ -109,28 +111,21 @@ def _requeue_leases(d: _Draft, holder: Callable[[str], bool]) -> None:
             d.pending = insert_sorted(d.pending, r.rollout_id)
 
 
+# The handlers of input kinds run after ``admit.guard`` accepted the event.
+
+
 def _run_started(d: _Draft, e: ev.RunStarted) -> None:
-    if d.spec is not None:
-        raise _invalid(e, "after the run already started")
     d.spec = ControllerSpec.from_config(e.config, e.seed)
     d.run_id, d.config_digest = e.run_id, e.config_digest
 
 
 def _controller_started(d: _Draft, e: ev.ControllerStarted) -> None:
-    _started(d, e)
-    if e.epoch <= d.epoch:
-        raise _invalid(e, f"with epoch {e.epoch}, not above the current epoch {d.epoch}")
     # Leases and worker registrations belong to the previous controller: workers join again.
     _requeue_leases(d, lambda _: True)
     d.epoch, d.workers, d.free = e.epoch, INITIAL.workers.mutate(), ()
 
 
 def _worker_joined(d: _Draft, e: ev.WorkerJoined) -> None:
-    _started(d, e)
-    if e.worker_id in d.workers:
-        raise _invalid(e, f"for worker {e.worker_id!r}, which is already joined")
-    if e.slots < 1:
-        raise _invalid(e, f"with {e.slots} slots")
     w = Worker(e.worker_id, e.role, e.slots, d.joins)
     if e.role == "inference":
         d.free = insert_sorted(d.free, (w.order, w.worker_id))
@@ -139,10 +134,7 @@ def _worker_joined(d: _Draft, e: ev.WorkerJoined) -> None:
 
 
 def _worker_lost(d: _Draft, e: ev.WorkerLost) -> None:
-    _started(d, e)
-    w = d.workers.get(e.worker_id)
-    if w is None:
-        raise _invalid(e, f"for worker {e.worker_id!r}, which is not joined")
+    w = d.workers[e.worker_id]
     _requeue_leases(d, lambda holder: holder == e.worker_id)
     del d.workers[w.worker_id]
     d.free = remove_sorted(d.free, (w.order, w.worker_id))
@@ -230,10 +222,7 @@ def _rollout_assigned(d: _Draft, e: ev.RolloutAssigned) -> None:
 
 
 def _rollout_completed(d: _Draft, e: ev.RolloutCompleted) -> None:
-    _started(d, e)
-    r = _live(d, e, e.rollout_id)
-    if r.done or not 0 <= e.attempt < r.attempts or e.policy_version != r.policy_version:
-        raise _invalid(e, f"attempt {e.attempt} of rollout {e.rollout_id} does not complete {r}")
+    r = d.requests[e.rollout_id]
     if r.holder is not None:  # leased, so not pending
         _release(d, r)
     else:  # its lease was given up: pending again
@@ -245,20 +234,15 @@ def _rollout_completed(d: _Draft, e: ev.RolloutCompleted) -> None:
 
 
 def _rollout_abandoned(d: _Draft, e: ev.RolloutAbandoned) -> None:
-    _started(d, e)
-    r = _live(d, e, e.rollout_id)
-    if r.done or r.holder is None or e.attempt != r.attempts - 1:
-        raise _invalid(e, f"attempt {e.attempt} of rollout {e.rollout_id}, which is not the current lease")
+    r = d.requests[e.rollout_id]
     _release(d, r)
     d.requests[r.rollout_id] = r.evolve(holder=None)
     d.pending = insert_sorted(d.pending, r.rollout_id)
 
 
 def _outcome_recorded(d: _Draft, e: ev.OutcomeRecorded) -> None:
-    spec = _started(d, e)
-    r = _live(d, e, e.rollout_id)
-    if not r.done or r.reward is not None:
-        raise _invalid(e, f"for rollout {e.rollout_id}, which is not completed and unscored")
+    spec = d.spec
+    r = d.requests[e.rollout_id]
     g = d.groups[r.group_id]
     reward = float(e.reward)
     first = reward if g.first_reward is None else g.first_reward
@@ -322,21 +306,12 @@ def _batch_formed(d: _Draft, e: ev.BatchFormed) -> None:
 
 
 def _train_step_completed(d: _Draft, e: ev.TrainStepCompleted) -> None:
-    _started(d, e)
-    if e.step != d.trained + 1 or e.step > d.formed or d.latest != e.step - 1:
-        raise _invalid(e, f"for step {e.step}; trained {d.trained}, formed {d.formed}, latest version {d.latest}")
     d.trained = e.step
 
 
 def _weights_published(d: _Draft, e: ev.WeightsPublished) -> None:
-    _started(d, e)
-    v = e.version
-    if v != d.latest + 1 or (v > 0 and v != d.trained):
-        raise _invalid(e, f"for version {v}; latest {d.latest}, trained {d.trained}")
-    if v > 0 and (e.parent_version != v - 1 or e.parent_digest != d.versions.get(v - 1)):
-        raise _invalid(e, f"for version {v} names parent {e.parent_version} {e.parent_digest[:12]}…")
-    d.versions[v] = e.digest
-    d.latest = v
+    d.versions[e.version] = e.digest
+    d.latest = e.version
 
 
 def _versions_retired(d: _Draft, e: ev.VersionsRetired) -> None:
@@ -374,9 +349,14 @@ _HANDLERS: dict[type, Callable[[_Draft, ev.Event], None]] = {
 
 
 def _apply(d: _Draft, event: ev.Event) -> None:
-    handler = _HANDLERS.get(type(event))
+    kind = type(event)
+    handler = _HANDLERS.get(kind)
     if handler is None:
         raise InvalidEvent(f"the controller does not know events of kind {event.KIND}")
+    if kind in INPUT_KINDS:
+        why = guard(d, event)
+        if why is not None:
+            raise InvalidEvent(f"{event.KIND} rejected: {why}")
     handler(d, event)
 
 
@@ -408,6 +388,14 @@ class Folder:
     def apply(self, event: ev.Event) -> None:
         """Fold ``event``; raises ``InvalidEvent`` (then the folder must not be used again)."""
         _apply(self.draft, event)
+
+    def admit(self, event: ev.Event) -> str | None:
+        """Fold input ``event`` if ``admit`` accepts it and return None; else return why not,
+        leaving the fold as it was (the guard runs before anything changes)."""
+        why = admit(self.draft, event)
+        if why is None:
+            _HANDLERS[type(event)](self.draft, event)
+        return why
 
     def state(self) -> ControllerState:
         return self.draft.finish()

@@ -2,8 +2,7 @@
 
 Workers are stateless consumers that pull work: an inference worker joins with a number of
 slots, polls its leases and submits completions; a verifier asks for completed rollouts to score;
-the trainer asks for the next step. The same calls serve threads in one process and remote
-workers behind a gRPC service. The work items are named tuples: the controller builds hundreds
+the trainer asks for the next step (``ControllerLoop``'s calls). The work items are named tuples: the controller builds hundreds
 per step. A worker that dies simply stops calling: its leases expire, the
 requests go to other workers, and a late or duplicate submission is answered with a rejection.
 """
@@ -11,8 +10,7 @@ requests go to other workers, and a late or duplicate submission is answered wit
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from ledger.events import (
     BatchFormed,
@@ -93,50 +91,3 @@ class Verdict:
 
 
 ACCEPTED = Verdict(True)
-
-
-class Controller(Protocol):
-    """The calls workers make (implemented by ``ControllerLoop``, and by its gRPC front)."""
-
-    def join(self, worker_id: str, role: str, *, slots: int = 1, info: dict | None = None) -> Verdict: ...
-
-    def leave(self, worker_id: str, reason: str = "shutdown") -> Verdict: ...
-
-    def leases(self, worker_id: str) -> list[Lease]: ...
-
-    def complete(self, completions: Sequence[RolloutCompleted]) -> list[Verdict]: ...
-
-    def scoring_work(self, worker_id: str, limit: int) -> list[ScoreTask]: ...
-
-    def record_outcomes(self, outcomes: Sequence[OutcomeRecorded]) -> list[Verdict]: ...
-
-    def train_task(self, worker_id: str) -> TrainTask | InitTask | None: ...
-
-    def publish(self, events: Sequence[TrainStepCompleted | WeightsPublished]) -> list[Verdict]: ...
-
-
-class InferenceWorker(Protocol):
-    """Generates rollouts for its leases (batch-invariant: each result depends on its lease only)."""
-
-    worker_id: str
-    slots: int
-
-    def generate(self, leases: Sequence[Lease]) -> list[RolloutCompleted]: ...
-
-
-class VerifierWorker(Protocol):
-    """Scores completed rollouts."""
-
-    worker_id: str
-
-    def score(self, tasks: Sequence[ScoreTask]) -> list[OutcomeRecorded]: ...
-
-
-class TrainerWorker(Protocol):
-    """Publishes version 0 and runs train steps (each a pure function of its inputs)."""
-
-    worker_id: str
-
-    def initialize(self, task: InitTask) -> WeightsPublished: ...
-
-    def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]: ...

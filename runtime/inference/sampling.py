@@ -2,8 +2,8 @@
 
 The key of generated token ``t`` (0-based, counting generated tokens only) of a request with seed
 ``s`` is ``fold_in(key(s), t)``, where ``key(s)`` is the threefry key with data
-``[s >> 32, s & 0xffffffff]`` (``jax.random.key(s)`` for seeds below 2**31, and
-``runtime.rng.jax_key(s)`` for every 64-bit seed). A token therefore depends on its request's seed
+``[s >> 32, s & 0xffffffff]`` (``jax.random.key(s)`` for seeds below 2**31; every one of the
+64 bits counts). A token therefore depends on its request's seed
 and index only, never on the batch, the slot or the step it was drawn in.
 
 Drawing token ``t`` from float32 logits ``z`` (one row; every operation below is row-wise):
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -104,6 +106,13 @@ class SamplingParams:
         object.__setattr__(self, "top_p", float(p))
         object.__setattr__(self, "max_tokens", int(m))
         object.__setattr__(self, "ignore_eos", bool(self.ignore_eos))
+
+    @classmethod
+    def from_request(cls, sampling: Mapping[str, Any], stop_token_ids: Sequence[int]) -> SamplingParams:
+        """The parameters of a rollout request's logged ``sampling`` table
+        (``runtime.config.SamplingConfig.request``), stopping at ``stop_token_ids`` (the model's
+        end-of-sequence ids)."""
+        return cls(**sampling, stop_token_ids=tuple(stop_token_ids))
 
     def stop_ids(self, eos_token_ids: tuple[int, ...]) -> frozenset[int]:
         """The tokens that end this request for a model with these end-of-sequence ids."""

@@ -7,7 +7,6 @@ replay and audit use to compare weights without a store.
 from runtime.params.digest import SUPPORTED_DTYPES, params_digest
 from runtime.params.errors import DigestMismatch, ParamStoreError
 from runtime.params.manifest import Manifest, TreeManifest
-from runtime.params.retention import evictable
 from runtime.params.store import ParamStore
 
 __all__ = [
@@ -17,6 +16,5 @@ __all__ = [
     "ParamStore",
     "ParamStoreError",
     "TreeManifest",
-    "evictable",
     "params_digest",
 ]

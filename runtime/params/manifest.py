@@ -3,7 +3,6 @@
 Layout under the store root (every key relative to it)::
 
     manifests/v{N}.json        the manifest; version N exists if and only if this key does
-    pins/v{N}                  empty; version N is pinned and retention never evicts it
     pending/v{N}.{C}           empty; the data under v{N}/{C}/ may be unpublished or orphaned
     v{N}/{C}/params/{leaf}/    one zarr3 array per parameter leaf
     v{N}/{C}/opt_state/{leaf}/ one zarr3 array per optimizer-state leaf
@@ -29,12 +28,10 @@ from runtime.params.tree import Structure
 
 MANIFEST_FORMAT = "rlx.params.manifest.v1"
 MANIFESTS = "manifests/"
-PINS = "pins/"
 PENDING = "pending/"
 TREES = ("params", "opt_state")
 
 _MANIFEST_NAME = re.compile(r"v(0|[1-9][0-9]*)\.json")
-_PIN_NAME = re.compile(r"v(0|[1-9][0-9]*)")
 _DATA_PREFIX = re.compile(r"v(0|[1-9][0-9]*)/[0-9a-f]{16}/")
 _LEAF_PATH = re.compile(r"([A-Za-z0-9_%-]+(/[A-Za-z0-9_%-]+)*)?")
 _PENDING_NAME = re.compile(r"(v(?:0|[1-9][0-9]*))\.([0-9a-f]{16})")
@@ -43,11 +40,6 @@ _PENDING_NAME = re.compile(r"(v(?:0|[1-9][0-9]*))\.([0-9a-f]{16})")
 def manifest_key(version: int) -> str:
     """The key of version ``version``'s manifest."""
     return f"{MANIFESTS}v{version}.json"
-
-
-def pin_key(version: int) -> str:
-    """The key whose presence pins ``version``."""
-    return f"{PINS}v{version}"
 
 
 def content_id(params_digest: str, opt_state_digest: str | None) -> str:
@@ -74,12 +66,6 @@ def leaf_key(data: str, tree: str, path: str) -> str:
 def parse_manifest_name(name: str) -> int | None:
     """The version of a key under ``manifests/``, or ``None`` for a foreign key."""
     match = _MANIFEST_NAME.fullmatch(name)
-    return int(match.group(1)) if match else None
-
-
-def parse_pin_name(name: str) -> int | None:
-    """The version of a key under ``pins/``, or ``None`` for a foreign key."""
-    match = _PIN_NAME.fullmatch(name)
     return int(match.group(1)) if match else None
 
 

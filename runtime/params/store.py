@@ -8,7 +8,7 @@ invisible to readers and removed by ``sweep``. Every read checks every leaf agai
 sha256 recorded at publication.
 
 Concurrency contract: readers anywhere; one writer (the trainer's ``put``) and one retention
-caller (the controller's shell: ``pin``, ``unpin``, ``retain``, ``delete``, ``sweep``). ``sweep``
+caller (the controller's shell: ``delete`` of the versions the ledger retired, ``sweep``). ``sweep``
 must not run while a ``put`` is in flight, since it cannot tell in-flight data from a crash's.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,6 @@ from runtime.params.digest import canonical_leaves, combine, data_sha256s, leaf_
 from runtime.params.errors import DigestMismatch, ParamStoreError
 from runtime.params.location import Location, parse_location
 from runtime.params.manifest import Manifest, TreeManifest
-from runtime.params.retention import evictable
 from runtime.params.tree import describe, rebuild, rebuild_like
 
 # One context per process: ``memory://`` stores live in it, so every ParamStore of the process
@@ -211,38 +210,9 @@ class ParamStore:
 
     # -- retention ----------------------------------------------------------------------------
 
-    def pin(self, version: int) -> None:
-        """Keep ``version`` through every ``retain`` until ``unpin``; idempotent."""
-        self.manifest(version)
-        self._write_key(layout.pin_key(_check_version(version)), b"")
-
-    def unpin(self, version: int) -> None:
-        """Let retention evict ``version`` again; unpinning an unpinned version is a no-op."""
-        self._write_key(layout.pin_key(_check_version(version)), None)
-
-    def pinned(self) -> tuple[int, ...]:
-        """The pinned versions, ascending."""
-        names = self._list(layout.PINS)
-        return tuple(sorted(v for v in map(layout.parse_pin_name, names) if v is not None))
-
-    def retain(self, *, keep_newest: int, keep: Iterable[int] = ()) -> tuple[int, ...]:
-        """Evict every version but the ``keep_newest`` newest, the pinned and ``keep``.
-
-        Returns:
-            The evicted versions, ascending.
-        """
-        protected = set(self.pinned()) | {_check_version(v) for v in keep}
-        doomed = evictable(self.versions(), keep_newest=keep_newest, pinned=protected)
-        for version in doomed:
-            self._evict(self.manifest(version))
-        return doomed
-
     def delete(self, version: int) -> None:
-        """Remove an unpinned version."""
-        version = _check_version(version)
-        if version in self.pinned():
-            raise ParamStoreError(f"version {version} is pinned; unpin it before deleting it")
-        self._evict(self.manifest(version))
+        """Remove ``version`` (the ledger's ``VersionsRetired`` decides which, keeping I5)."""
+        self._evict(self.manifest(_check_version(version)))
 
     def unpublished(self) -> tuple[str, ...]:
         """Data prefixes that no manifest publishes: a ``put`` in flight, or a crash's leftovers."""

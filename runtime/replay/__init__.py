@@ -5,7 +5,7 @@ from runtime.replay.divergence import Divergence, compare_rollout, compare_step,
 from runtime.replay.plan import IncompleteLedger, ReplayPlan, SampledRollout, StepPlan, plan_replay
 from runtime.replay.report import ReplayReport
 from runtime.replay.runner import replay_run
-from runtime.replay.source import RunLedger, open_params, params_url, read_run
+from runtime.replay.source import RunLedger, open_params, read_run
 
 __all__ = [
     "Divergence",
@@ -19,7 +19,6 @@ __all__ = [
     "compare_step",
     "fingerprint_diff",
     "open_params",
-    "params_url",
     "plan_replay",
     "read_run",
     "replay_run",

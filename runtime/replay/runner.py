@@ -24,7 +24,8 @@ from runtime.errors import UsageError
 from runtime.replay.divergence import Divergence, compare_rollout, compare_step, compare_version0, fingerprint_diff
 from runtime.replay.plan import ReplayPlan, SampledRollout, StepPlan, plan_replay
 from runtime.replay.report import ReplayReport, ordered
-from runtime.replay.source import open_params, params_url, read_run
+from runtime.replay.source import open_params, read_run
+from runtime.rundir import RunDir
 
 Log = Callable[[str], None]
 
@@ -49,7 +50,7 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
       UsageError: bad directory, run or ``from_version``.
     """
     from runtime.controller import ReplayDivergence, replay
-    from runtime.run import fingerprint
+    from runtime.session import fingerprint
 
     t0 = time.monotonic()
     source = read_run(directory, run_id)
@@ -73,8 +74,9 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
     if type(from_version) is not int or not 0 <= from_version <= last or from_version not in plan.versions:
         raise UsageError(f"--from-version {from_version!r} is not accepted; run {run_id!r} has versions 0..{last}")
 
-    pstore = open_params(params_url(directory, plan.run.config))
-    divergences = _check_stored(plan, pstore, params_url(directory, plan.run.config))
+    url = RunDir(directory).logged_params(plan.run.config)
+    pstore = open_params(url)
+    divergences = _check_stored(plan, pstore, url)
     log(f"folding {len(source.events)} events of run {run_id!r} with decision checks")
     try:
         replay(source.events, check=True)
@@ -152,7 +154,7 @@ class _Rerun:
 
         from runtime.config import Config
         from runtime.params import ParamStore
-        from runtime.run import build_session
+        from runtime.session import build_session
         from runtime.workers import EngineWorker, StepTrainer
 
         self.plan, self.pstore, self.log = plan, pstore, log
@@ -161,7 +163,7 @@ class _Rerun:
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,
-                                   _step_config(config, session), group_size=config.sampling.group_size,
+                                   session.step_config, group_size=config.sampling.group_size,
                                    width=session.width)
         self.sampler = EngineWorker("replay-inference", session.engine, session.task, session.codec,
                                     lambda v: (self.store.get(v), self.store.digest(v)))
@@ -233,9 +235,3 @@ class _Rerun:
         self.log(f"version {version}: re-sampled {len(sampled)} rollouts, {len(out)} differ")
         return out
 
-
-def _step_config(config, session):
-    """The train step's static configuration, exactly as ``rlx run`` builds it."""
-    from runtime.run import make_step_config
-
-    return make_step_config(config, session)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import Any
 
 from ledger import LedgerError, open_store
-from ledger.store import RUN_LEDGER_FILE, RUN_POINTER_FILE, StoredEvent, VerifyReport, directory_pointer
-from runtime.errors import UsageError
+from ledger.store import StoredEvent, VerifyReport
+from runtime.rundir import RunDir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,32 +39,16 @@ def read_run(directory: str, run_id: str | None = None) -> RunLedger:
     """Verify and read one run of ``DIR/ledger.db`` (or of the ledger ``DIR/ledger.json`` names).
 
     ``run_id`` may be omitted when the ledger holds exactly one run, or when the directory's
-    pointer names it. The events are read only if
-    the hash chain verifies: a corrupt ledger cannot be trusted event by event.
+    pointer names it (:meth:`RunDir.select_run`). The events are read only if the hash chain
+    verifies: a corrupt ledger cannot be trusted event by event.
 
     Raises:
       UsageError: ``directory`` is not a run directory, or the run is unknown or ambiguous.
     """
-    if not os.path.isdir(directory):
-        raise UsageError(f"{directory!r} is not a run directory (a directory holding {RUN_LEDGER_FILE})")
-    pointer = directory_pointer(directory)
-    if pointer is None:
-        path = os.path.join(directory, RUN_LEDGER_FILE)
-        if not os.path.isfile(path):
-            raise UsageError(f"{directory!r} is not a run directory: it has no {RUN_LEDGER_FILE} "
-                             f"(nor a {RUN_POINTER_FILE} naming its ledger)")
-    else:
-        path, run_id = pointer["url"], run_id or pointer["run_id"]
+    rundir = RunDir(directory)
+    rundir.check_exists()
     with open_store(directory) as store:
-        runs = store.runs()
-        if run_id is None:
-            if len(runs) != 1:
-                listed = ", ".join(repr(r) for r in runs[:10]) or "none"
-                raise UsageError(f"{path} holds {len(runs)} runs ({listed}); pick one with --run")
-            run_id = runs[0]
-        elif run_id not in runs:
-            listed = ", ".join(repr(r) for r in runs[:10]) or "none"
-            raise UsageError(f"--run {run_id!r}: no such run in {path}; runs present: {listed}")
+        run_id = rundir.select_run(store, run_id)
         chain = store.verify(run_id)
         if chain.ok:
             return RunLedger(directory, store.url, run_id, chain, tuple(store.read(run_id)))
@@ -76,12 +58,6 @@ def read_run(directory: str, run_id: str | None = None) -> RunLedger:
         except LedgerError:  # an unreadable record: its kind is unknown too
             bad = None
         return RunLedger(directory, store.url, run_id, chain, (), None if bad is None else bad.kind)
-
-
-def params_url(directory: str, config: Mapping[str, Any]) -> str:
-    """The run's parameter store: ``params.url`` of its logged config, else ``DIR/params``."""
-    url = (config.get("params") or {}).get("url")
-    return url or os.path.join(directory, "params")
 
 
 def open_params(url: str):

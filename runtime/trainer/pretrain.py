@@ -19,16 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from runtime.config import PretrainConfig
 from runtime.model import PAD_ID, Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
-
-
-@dataclasses.dataclass(frozen=True)
-class PretrainConfig:
-    steps: int = 300
-    batch_size: int = 128
-    learning_rate: float = 1e-3
-    seed: int = 0
 
 
 def pack_supervised(task: Task, codec: TextCodec, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -81,12 +74,14 @@ class _Adam:
         return self.tx.update(grads, state, params)
 
 
-def warm_start(model: Model, task: Task, config: PretrainConfig, *, width: int, progress=None) -> tuple[Model, list[float]]:
-    """Train ``model`` on the task's reference completions; return it and the loss curve."""
+def warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, width: int,
+               progress=None) -> tuple[Model, list[float]]:
+    """Train ``model`` on the task's reference completions (batches drawn with run seed ``seed``);
+    return it and the loss curve."""
     opt = _Adam(config.learning_rate)
     params = jax.tree.map(jnp.array, model.params)
     state = opt.init(params)
-    rng = np.random.Generator(np.random.Philox(key=[config.seed, 0x5F7]))
+    rng = np.random.Generator(np.random.Philox(key=[seed, 0x5F7]))
     losses = []
     for step in range(config.steps):
         idx = rng.integers(task.train_size, size=config.batch_size)
@@ -100,26 +95,29 @@ def warm_start(model: Model, task: Task, config: PretrainConfig, *, width: int, 
     return model.with_params(params), losses
 
 
-def cache_key(model: Model, task: Task, config: PretrainConfig, width: int) -> str:
-    """Digest of everything the warm start depends on."""
+def cache_key(model: Model, task: Task, config: PretrainConfig, seed: int, width: int) -> str:
+    """Digest of everything the warm start depends on (not where it is cached or how it is
+    evaluated)."""
     ident = {
         "model": dataclasses.asdict(model.config),
         "init": hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(model.params))).hexdigest(),
         "task": task.describe(),
-        "pretrain": dataclasses.asdict(config),
+        "pretrain": {"steps": config.steps, "batch_size": config.batch_size,
+                     "learning_rate": config.learning_rate, "seed": seed},
         "width": width,
         "format": 1,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, width: int, cache_dir: str, progress=None) -> tuple[Model, str, bool]:
+def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, width: int, cache_dir: str,
+                      progress=None) -> tuple[Model, str, bool]:
     """``warm_start`` through an on-disk cache; returns (model, checkpoint dir, loaded_from_cache)."""
-    path = os.path.join(cache_dir, cache_key(model, task, config, width))
+    path = os.path.join(cache_dir, cache_key(model, task, config, seed, width))
     if os.path.isfile(os.path.join(path, "config.json")):
         loaded = load_hf(path)
         return loaded, path, True
-    trained, _ = warm_start(model, task, config, width=width, progress=progress)
+    trained, _ = warm_start(model, task, config, seed=seed, width=width, progress=progress)
     tmp = path + f".tmp{os.getpid()}"
     save_hf(tmp, trained)
     os.makedirs(cache_dir, exist_ok=True)
@@ -130,4 +128,4 @@ def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, width
     return load_hf(path), path, False
 
 
-__all__ = ["PretrainConfig", "cached_warm_start", "pack_supervised", "warm_start"]
+__all__ = ["cached_warm_start", "pack_supervised", "warm_start"]

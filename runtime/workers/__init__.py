@@ -1,7 +1,7 @@
 """In-process implementations of the worker interfaces of ``runtime.controller.workers``."""
 
-from runtime.workers.inference import EngineWorker, sampling_params
+from runtime.workers.inference import EngineWorker
 from runtime.workers.trainer import StepTrainer
 from runtime.workers.verifier import TaskVerifier
 
-__all__ = ["EngineWorker", "StepTrainer", "TaskVerifier", "sampling_params"]
+__all__ = ["EngineWorker", "StepTrainer", "TaskVerifier"]

@@ -23,17 +23,6 @@ from runtime.tasks.base import Task, TextCodec
 ParamsLoader = Callable[[int], tuple[dict, str]]
 
 
-def sampling_params(sampling: dict, stop_ids: tuple[int, ...]) -> SamplingParams:
-    """The engine's parameters for a request's logged sampling dict (the model's EOS ids stop)."""
-    return SamplingParams(
-        temperature=float(sampling.get("temperature", 1.0)),
-        top_k=int(sampling.get("top_k", 0)),
-        top_p=float(sampling.get("top_p", 1.0)),
-        max_tokens=int(sampling["max_tokens"]),
-        stop_token_ids=tuple(stop_ids),
-    )
-
-
 class EngineWorker:
     """Generates completions for leases, grouped by policy version."""
 
@@ -70,7 +59,7 @@ class EngineWorker:
             self._use(version, digest)
             completions = self.engine.generate(
                 [self.prompt_tokens(l.prompt_index) for l in group],
-                [sampling_params(l.sampling, self.codec.eos_ids) for l in group],
+                [SamplingParams.from_request(l.sampling, self.codec.eos_ids) for l in group],
                 [l.seed for l in group],
             )
             for lease, c in zip(group, completions, strict=True):

@@ -25,7 +25,7 @@ from runtime.audit import Provenance, Violation, check_run
 from runtime.cli import main
 from runtime.errors import UsageError
 from runtime.params import ParamStore
-from runtime.run import make_task
+from runtime.session import make_task
 from tests.runtime.small_run import SEED
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from runtime.audit.text import RunText
 from runtime.config import load_config
 from runtime.model import EOS_ID, char_tokenizer
-from runtime.run import make_task
+from runtime.session import make_task
 
 
 def test_text_of_the_builtin_task_and_tokenizer():

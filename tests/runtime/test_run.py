@@ -209,14 +209,14 @@ def test_pretrain_alone_trains_or_loads_the_warm_start_and_saves_a_checkpoint(tm
     import numpy as np
 
     from runtime.model import load_hf
-    from runtime.run import build_session, evaluate
+    from runtime.session import build_session
 
     session = build_session(tiny(cache_dir), log=lambda m: None)  # what `rlx run` would start from
     saved = load_hf(out)
     assert session.warm_start["cached"] and session.warm_start["checkpoint"] in printed.replace("\n", "")
     flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])  # noqa: E731
     assert flat(saved.params).tobytes() == flat(session.model.params).tobytes()
-    assert f"held-out greedy pass rate: {evaluate(session, session.model.params, limit=16):.1%}" in printed
+    assert f"held-out greedy pass rate: {session.evaluate(session.model.params, limit=16):.1%}" in printed
     assert main([*argv, "--out", out]) == 2  # never overwrites a checkpoint
     assert "already holds a checkpoint" in capsys.readouterr().err
 

@@ -153,41 +153,21 @@ class StoreContract:
         store.put(0, tree)
         assert_bit_exact(store.get(0), tree)
 
-    def test_retain_keeps_newest_and_pinned(self, store):
-        for v in range(6):
-            store.put(v, {"w": np.full(3, v, np.float32)})
-        store.pin(1)
-        store.pin(1)  # idempotent
-        assert store.pinned() == (1,)
-        assert store.retain(keep_newest=2, keep={3}) == (0, 2)
-        assert store.versions() == (1, 3, 4, 5)
-        store.unpin(1)
-        store.unpin(1)  # idempotent
-        assert store.retain(keep_newest=2) == (1, 3)
-        assert store.versions() == (4, 5)
-        assert float(store.get(5)["w"][0]) == 5.0
-        with pytest.raises(ParamStoreError, match="keep_newest=0 is not accepted"):
-            store.retain(keep_newest=0)
-
-    def test_pinned_version_cannot_be_deleted(self, store):
+    def test_delete_removes_one_version(self, store):
         store.put(0, {"w": np.zeros(1)})
         store.put(1, {"w": np.ones(1)})
-        store.pin(0)
-        with pytest.raises(ParamStoreError, match="version 0 is pinned; unpin it"):
-            store.delete(0)
         store.delete(1)
         assert store.versions() == (0,)
         with pytest.raises(ParamStoreError, match=r"version 7 is not in .*\(available: 0\)"):
-            store.pin(7)
+            store.delete(7)
         # A deleted version can be written again, with other contents.
         store.put(1, {"w": np.full(1, 9.0)})
         assert store.get(1)["w"][0] == 9.0
 
     def test_reopen_sees_published_versions(self, store, url):
         digest = store.put(4, flax_like_params(), opt_state={"count": np.int32(2)})
-        store.pin(4)
         again = ParamStore.open(url)
-        assert again.versions() == (4,) and again.pinned() == (4,)
+        assert again.versions() == (4,)
         assert again.digest(4) == digest
         assert_bit_exact(again.get_opt_state(4), {"count": np.int32(2)})
 
@@ -259,7 +239,7 @@ class TestFileStore(StoreContract):
     def test_eviction_leaves_no_files(self, store, tmp_path):
         store.put(0, {"a": {"b": np.ones((2, 2))}}, opt_state=(np.int32(1),))
         store.put(1, {"a": {"b": np.zeros((2, 2))}})
-        store.retain(keep_newest=1)
+        store.delete(0)
         root = tmp_path / "params"
         assert not (root / "v0").exists()
         files = sorted(

@@ -43,6 +43,7 @@ def write_versions(
         params = make_params(version)
         store.put(version, params, make_opt_state(version, params))
         os.write(fd, f"{version}\n".encode())
-        if keep_newest is not None:
-            store.retain(keep_newest=keep_newest)
+        if keep_newest is not None:  # like a run's retirements: version 0 and the newest stay
+            for old in store.versions()[1:-keep_newest]:
+                store.delete(old)
     os.close(fd)

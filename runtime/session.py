@@ -1,0 +1,207 @@
+"""A run's components, built from its config: config in, components out.
+
+:func:`build_session` turns a :class:`runtime.config.Config` into everything a run, a replay or
+an audit needs — the task, the tokenizer and text codec, the initial model (after the supervised
+warm start), the inference engine's shape, the train step's static config — and nothing else
+reads the config's sections to build them. ``rlx run`` (``runtime.run``) only runs what this
+module builds; replay and audit build the same components from the config logged in
+``RunStarted``, so they see exactly what the run saw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from runtime.config import Config
+from runtime.errors import UsageError
+
+Log = Callable[[str], None]
+
+
+def fingerprint() -> dict:
+    """The software/hardware stack the run's bits depend on (recorded in ``RunStarted``)."""
+    import jax
+    import jaxlib
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    device = jax.devices()[0]
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def make_task(config: Config):
+    """The run's task: ``data.task`` of the registry, or the JSONL file ``data.path``."""
+    from runtime.tasks import make_task as build
+
+    d = config.data
+    if d.task == "jsonl" or d.path is not None:
+        if d.path is None:
+            raise UsageError("data.task 'jsonl' needs data.path (a JSONL file)")
+        return build("jsonl", path=d.path, eval_fraction=d.eval_fraction, seed=config.run.seed)
+    return build(d.task, seed=config.run.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineShape:
+    """The inference engine's static shape; the bits of every completion follow from it.
+
+    Attributes:
+      slots: sequences decoded together.
+      page_size: tokens per KV cache page.
+      pages_per_seq: pages one sequence of ``width`` tokens needs.
+      buckets: prompt lengths prefill is compiled for.
+    """
+
+    slots: int
+    page_size: int
+    pages_per_seq: int
+    buckets: tuple[int, ...]
+
+    @classmethod
+    def for_run(cls, config: Config, width: int) -> EngineShape:
+        """The shape for sequences of ``width`` tokens (prompt and completion) under ``config``."""
+        w = config.workers
+        page_size = w.page_size
+        longest_prompt = width - config.sampling.max_tokens
+        bucket = page_size
+        while bucket < longest_prompt:
+            bucket *= 2
+        return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (bucket,))
+
+    def build(self, model):
+        """A new engine of this shape for ``model``."""
+        from runtime.inference import Engine
+
+        return Engine(model, max_slots=self.slots, page_size=self.page_size,
+                      num_pages=self.slots * self.pages_per_seq + 1,
+                      max_seq_len=self.pages_per_seq * self.page_size, prefill_buckets=self.buckets)
+
+
+@dataclasses.dataclass
+class Session:
+    """Everything a run needs, built from its config (see :func:`build_session`).
+
+    Attributes:
+      config: the config it was built from.
+      task: the prompts and their scoring.
+      tokenizer: the model's tokenizer.
+      model: the initial model (version 0), after the warm start.
+      codec: text <-> token ids with the model's special tokens.
+      width: tokens of the longest sequence (longest prompt + ``sampling.max_tokens``).
+      shape: the inference engine's shape.
+      engine: the first engine of that shape.
+      step_config: the train step's static configuration.
+      warm_start: what the warm start did (steps, whether it came from the cache, its checkpoint).
+    """
+
+    config: Config
+    task: Any
+    tokenizer: Any
+    model: Any
+    codec: Any
+    width: int
+    shape: EngineShape
+    engine: Any
+    step_config: Any
+    warm_start: dict
+
+    def new_engine(self):
+        """Another engine of ``engine``'s shape (for another inference worker): the same bits."""
+        return self.shape.build(self.model)
+
+    def evaluate(self, params, *, limit: int) -> float:
+        """Greedy pass rate of ``params`` on the held-out split (at most ``limit`` problems)."""
+        from runtime.inference import SamplingParams
+
+        task, codec = self.task, self.codec
+        n = min(limit, task.eval_size)
+        problems = [task.problem("eval", i) for i in range(n)]
+        self.engine.update_params(params)
+        greedy = SamplingParams(temperature=0.0, max_tokens=self.config.sampling.max_tokens,
+                                stop_token_ids=codec.eos_ids)
+        completions = self.engine.generate([codec.encode_prompt(p) for p in problems], greedy, list(range(n)))
+        texts = [codec.decode(c.tokens) for c in completions]
+        return float(np.mean([s.passed for s in task.score(problems, texts)]))
+
+
+def _initial_model(config: Config):
+    """The checkpoint ``model.path`` as it is, or the built-in model with fresh weights."""
+    from runtime.model import load_hf
+
+    path = config.model.path
+    if path is not None:
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise UsageError(f"model.path {path!r} is not a Hugging Face checkpoint directory (no config.json)")
+        model = load_hf(path)
+        if model.tokenizer is None:
+            raise UsageError(f"model.path {path!r} has no tokenizer.json")
+        return model
+    import jax
+
+    from runtime.model import BOS_ID, EOS_ID, PAD_ID, Model, ModelConfig, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    m = config.model
+    shape = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "path"}
+    mc = ModelConfig(vocab_size=tokenizer.get_vocab_size(), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+                     pad_token_id=PAD_ID, **shape)
+    return Model.init(mc, key=jax.random.key(config.run.seed), tokenizer=tokenizer)
+
+
+def step_config(config: Config, model):
+    """The train step's static configuration for ``config`` and ``model``."""
+    from runtime.trainer.step import StepConfig
+
+    t = config.trainer
+    return StepConfig(
+        model=model.config, objective=config.objective(),
+        learning_rate=t.learning_rate, weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm, temperature=config.sampling.temperature,
+    )
+
+
+def build_session(config: Config, *, log: Log = print) -> Session:
+    """Task, tokenizer, initial model (after the supervised warm start), engine and step config."""
+    from runtime.tasks.base import TextCodec
+    from runtime.trainer.pretrain import cached_warm_start
+
+    task = make_task(config)
+    model = _initial_model(config)
+    codec = TextCodec.for_model(model)
+    width = task.max_prompt_chars() + (codec.bos_id is not None) + config.sampling.max_tokens
+    warm: dict = {"steps": 0, "cached": False}
+    p = config.pretrain
+    if p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
+        cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
+        log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
+        model, path, cached = cached_warm_start(model, task, p, seed=config.run.seed, width=width, cache_dir=cache_dir)
+        warm = {"steps": p.steps, "cached": cached, "checkpoint": path}
+    shape = EngineShape.for_run(config, width)
+    return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model),
+                   step_config(config, model), warm)
+
+
+__all__ = ["EngineShape", "Session", "build_session", "fingerprint", "make_task", "step_config"]
