@@ -76,7 +76,7 @@ def test_health(stack):
     code, _, client, _ = stack
     (health,) = client.health()
     assert health.serving and health.isolation == code.sandbox.level.value and health.slots == 2
-    assert health.code_version == "code/1" and health.math_version.startswith("math/1")
+    assert health.code_version == "code/2" and health.math_version.startswith("math/1")
 
 
 def test_bad_requests_are_config_errors(stack):
