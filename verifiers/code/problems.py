@@ -21,6 +21,8 @@ from verifiers.code import checkers, languages
 from verifiers.code.limits import Limits
 from verifiers.errors import ConfigError
 
+MAX_TESTS_FILE_BYTES = 64 << 20
+
 
 @dataclasses.dataclass(frozen=True)
 class IOTest:
@@ -89,13 +91,21 @@ class CodeProblem:
                 raise ConfigError(f"{name}={value!r} must be a finite number >= 0")
 
 
-def load_io_tests(path: str | pathlib.Path) -> tuple[IOTest, ...]:
-    """IO tests from a JSONL file whose lines are ``{"input": "...", "output": "..."}``."""
+def load_io_tests(path: str | pathlib.Path, max_bytes: int = MAX_TESTS_FILE_BYTES) -> tuple[IOTest, ...]:
+    """IO tests from a JSONL file whose lines are ``{"input": "...", "output": "..."}``; a file
+    over ``max_bytes`` (``/dev/zero`` included) is refused before it is parsed."""
     path = pathlib.Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise ConfigError(f"cannot read tests file {str(path)!r}: {e.strerror}") from None
+    if len(raw) > max_bytes:
+        raise ConfigError(f"tests file {str(path)!r} is larger than {max_bytes} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"tests file {str(path)!r} is not UTF-8 text") from None
     tests = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
