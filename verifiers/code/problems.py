@@ -112,12 +112,16 @@ def load_io_tests(path: str | pathlib.Path, max_bytes: int = MAX_TESTS_FILE_BYTE
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ConfigError(f"{path}:{number}: not a JSON object; expected "
                               '{"input": "...", "output": "..."}') from None
         if not (isinstance(obj, dict) and isinstance(obj.get("input"), str)
                 and isinstance(obj.get("output"), str)):
             raise ConfigError(f"{path}:{number}: expected string fields \"input\" and \"output\"")
+        try:
+            (obj["input"] + obj["output"]).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800"
+            raise ConfigError(f"{path}:{number}: a test holds an escape that is not a character") from None
         tests.append(IOTest(obj["input"], obj["output"]))
     if not tests:
         raise ConfigError(f"tests file {str(path)!r} holds no test")

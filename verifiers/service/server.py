@@ -108,6 +108,7 @@ def serve(
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rlx-verifier"),
         interceptors=security.interceptors(),
+        maximum_concurrent_rpcs=2 * threads,  # past it RESOURCE_EXHAUSTED: the client tries another host
         options=[("grpc.max_receive_message_length", message), ("grpc.max_send_message_length", message),
                  EXCLUSIVE_PORT],
     )

@@ -96,6 +96,8 @@ def _one_line_error(argv, capsys) -> str:
         (["--program", "BINARY"], "is not UTF-8 text"),
         (["--tests", "BINARY"], "is not UTF-8 text"),
         (["--program", "/"], "cannot read program '/': Is a directory"),
+        (["--tests", "DEEP"], "deep.jsonl:1: not a JSON object"),
+        (["--tests", "SURROGATE"], "surrogate.jsonl:1: a test holds an escape that is not a character"),
     ],
 )
 def test_hostile_verify_code_options(extra, message, tmp_path, capsys):
@@ -106,7 +108,10 @@ def test_hostile_verify_code_options(extra, message, tmp_path, capsys):
     binary = tmp_path / "binary"
     binary.write_bytes(b"\xff\xfe\x00")
     argv = ["verify", "code", "--program", str(program), "--tests", str(tests), *extra]
-    argv = [str(binary) if a == "BINARY" else a for a in argv]
+    (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (tmp_path / "surrogate.jsonl").write_text('{"input": "\\ud800", "output": ""}\n')
+    named = {"BINARY": binary, "DEEP": tmp_path / "deep.jsonl", "SURROGATE": tmp_path / "surrogate.jsonl"}
+    argv = [str(named[a]) if a in named else a for a in argv]
     # a later --program/--tests wins in argparse, so each case overrides one option
     assert message in _one_line_error(argv, capsys)
 
