@@ -5,8 +5,8 @@ Three kinds of tests:
 - ``IOTest``: stdin in, expected stdout out, compared by a named checker (one run per test).
 - ``CallTest``: "write function f": ``f(*args, **kwargs)`` must return ``expected`` (plain data,
   compared outside the sandbox; floats within the problem's tolerance).
-- ``CheckScript``: trusted test code (HumanEval's ``check(candidate)``) run by the verifier
-  outside the sandbox, against a ``candidate`` that forwards each call into the sandbox.
+- ``CheckScript``: test code (HumanEval's ``check(candidate)``) run in a sandboxed process of
+  its own, against a ``candidate`` whose calls the verifier relays to the sandboxed solution.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ class CallTest:
 
 @dataclasses.dataclass(frozen=True)
 class CheckScript:
-    """Trusted test code: ``setup`` (helpers, e.g. a HumanEval prompt) then ``test`` defining
-    ``check(candidate)``, called with a proxy for the solution's ``entry_point``."""
+    """Test code: ``setup`` (helpers, e.g. a HumanEval prompt) then ``test`` defining
+    ``check(candidate)``, called with a proxy for the solution's ``entry_point``; sandboxed like
+    the solution (see ``check_script``), and it must call the solution and run an ``assert``."""
 
     test: str
     entry_point: str
