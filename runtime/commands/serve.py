@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     sp = sub.add_parser("verifier", help="serve math and code verification over gRPC")
     add_listen_arguments(sp)
-    sp.add_argument("--slots", type=int, default=4, help=f"sandboxed runs at once, 1..{MAX_SLOTS} (default 4)")
+    sp.add_argument("--slots", type=int, default=4, help=f"sandboxed runs at once, 1..{MAX_SLOTS} (default 4; a check script takes 2)")
     sp.add_argument("--math-workers", type=int, default=2,
                     help=f"math judging processes, 1..{MAX_MATH_WORKERS} (default 2)")
     sp.add_argument("--isolation", default="auto", help="auto (default), namespaces or rlimits")
