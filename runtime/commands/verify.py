@@ -1,14 +1,19 @@
 """``rlx verify math | code``: judge one answer or one program from the command line.
 
 Exit status 0 when the answer passes, 1 when it does not; a user's mistake (unreadable file,
-unknown checker, bad limit) is one line on stderr and status 2. ``--json`` prints one object
-with ``passed``, ``verdict`` and ``reward`` first, then the detail and per-test results.
+unknown checker, bad limit) is one line on stderr and status 2, found before anything runs:
+every option is range-checked up front and files are read with a size cap. ``--json`` prints one
+object with ``passed``, ``verdict`` and ``reward`` first, then the detail and per-test results.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+
+MAX_PROGRAM_BYTES = 16 << 20
+MAX_MEMORY_MB = 1 << 20
+MAX_TIMEOUT_S = 3600.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,25 +57,45 @@ def _report(outcome, as_json: bool) -> int:
 
 def cmd_math(args: argparse.Namespace) -> int:
     from verifiers.math import MathConfig, MathVerifier
+    from verifiers.service.bounds import MAX_ABS_TOL, MAX_REL_TOL, seconds, tolerance
 
-    config = MathConfig(extract=not args.no_extract, rel_tol=args.rel_tol, abs_tol=args.abs_tol)
+    seconds(args.timeout, "--timeout", MAX_TIMEOUT_S)
+    config = MathConfig(
+        extract=not args.no_extract,
+        rel_tol=tolerance(args.rel_tol, "--rel-tol", MAX_REL_TOL),
+        abs_tol=tolerance(args.abs_tol, "--abs-tol", MAX_ABS_TOL),
+    )
     with MathVerifier(workers=1, timeout_s=args.timeout) as verifier:
         outcome = verifier.verify(args.gold, args.answer, config)
     return _report(outcome, args.json)
 
 
-def cmd_code(args: argparse.Namespace) -> int:
-    import pathlib
-
-    from verifiers.code import CodeProblem, CodeVerifier, Limits, load_io_tests
+def _limits(args: argparse.Namespace):
+    """The run limits of ``--time-limit``, ``--cpu-limit`` and ``--memory-mb``, range-checked."""
+    from verifiers.code import Limits
+    from verifiers.code.limits import MIB
     from verifiers.errors import ConfigError
+    from verifiers.service.bounds import seconds
 
-    path = pathlib.Path(args.program)
+    wall_s = seconds(args.time_limit, "--time-limit", MAX_TIMEOUT_S)
+    cpu_s = seconds(args.cpu_limit, "--cpu-limit", MAX_TIMEOUT_S)
+    low = 16  # MiB: the floor of Limits.memory_bytes
+    if not low <= args.memory_mb <= MAX_MEMORY_MB:
+        raise ConfigError(f"--memory-mb {args.memory_mb!r} must be an integer from {low} to {MAX_MEMORY_MB}")
+    return Limits(wall_s=wall_s, cpu_s=cpu_s, memory_bytes=args.memory_mb * MIB)
+
+
+def cmd_code(args: argparse.Namespace) -> int:
+    from verifiers.code import CodeProblem, CodeVerifier, load_io_tests
+    from verifiers.errors import ConfigError
+    from verifiers.service.security import read_capped
+
+    limits = _limits(args)
+    raw = read_capped(args.program, MAX_PROGRAM_BYTES, "program")
     try:
-        program = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read program {str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
-    limits = Limits(wall_s=args.time_limit, cpu_s=args.cpu_limit, memory_bytes=args.memory_mb << 20)
+        program = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"program {args.program!r} is not UTF-8 text") from None
     problem = CodeProblem(
         tests=load_io_tests(args.tests),
         checker=args.checker,

@@ -3,19 +3,19 @@
 ``CallSession`` talks to ``call_driver.py`` in a live sandboxed run; each call's result comes back
 as wire data, so the values compared here are builtin types the verifier built itself (an object
 with a permissive ``__eq__`` cannot come out). ``same_value`` compares call-test results;
-``run_check_script`` runs trusted test code (HumanEval's ``check``) against a proxy candidate.
+``failure_verdict`` judges a call that failed. Check scripts run in a sandbox of their own
+(``check_script``), never in this process.
 """
 
 from __future__ import annotations
 
-import builtins
-import importlib.util
 import math
-from typing import Any, Callable
+from typing import Any
 
-from verifiers.code import wire
-from verifiers.code.problems import CheckScript
+from verifiers.code import verdict, wire
+from verifiers.code.limits import Limits
 from verifiers.code.sandbox import LiveRun
+from verifiers.outcome import Verdict
 
 
 class SolutionFailed(Exception):
@@ -75,6 +75,20 @@ class CallSession:
         raise SolutionFailed("protocol", "the solution broke the call protocol")
 
 
+def failure_verdict(live: LiveRun, failure: SolutionFailed, limits: Limits) -> tuple[Verdict, str]:
+    """The verdict of a call that failed: by the reply if the session is sound, else by the run."""
+    if failure.kind == "unserialisable":
+        return Verdict.WA, str(failure)
+    if failure.kind == "load_error":
+        kind = Verdict.CE if str(failure).startswith("SyntaxError") else Verdict.RE
+        return kind, f"the solution failed to load: {failure}"
+    if failure.kind == "ended":  # the run is over: its own verdict (TLE, MLE, ...) comes first
+        decided = verdict.classify(live.result(), limits)
+        if decided is not None:
+            return decided
+    return Verdict.RE, str(failure)
+
+
 def same_value(actual: Any, expected: Any, rel_tol: float, abs_tol: float) -> bool:
     """Equality of plain data with exact types, except that numbers compare as numbers and a
     float within ``max(rel_tol * |expected|, abs_tol)`` counts as equal (``bool`` is not a number
@@ -97,32 +111,3 @@ def same_value(actual: Any, expected: Any, rel_tol: float, abs_tol: float) -> bo
             same_value(actual[k], expected[k], rel_tol, abs_tol) for k in expected
         )
     return actual == expected
-
-
-def _private_random():
-    """A fresh instance of the ``random`` module seeded with 0: test code that draws random
-    inputs draws the same ones every time, and the process-wide generator is left alone."""
-    spec = importlib.util.find_spec("random")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.seed(0)
-    return module
-
-
-def run_check_script(script: CheckScript, candidate: Callable[..., Any]) -> None:
-    """Run trusted test code against ``candidate``; returns if every check passes, else raises."""
-    rng = _private_random()
-
-    def _import(name, globals=None, locals=None, fromlist=(), level=0):
-        if name == "random" and level == 0:
-            return rng
-        return builtins.__import__(name, globals, locals, fromlist, level)
-
-    env_builtins = dict(vars(builtins))
-    env_builtins["__import__"] = _import
-    namespace: dict[str, Any] = {"__name__": "__check__", "__builtins__": env_builtins}
-    exec(compile(script.setup, "<setup>", "exec"), namespace)
-    namespace[script.entry_point] = candidate  # test code may call the solution by its name
-    exec(compile(script.test, "<test>", "exec"), namespace)
-    namespace["check"](candidate)

@@ -5,8 +5,8 @@ Three kinds of tests:
 - ``IOTest``: stdin in, expected stdout out, compared by a named checker (one run per test).
 - ``CallTest``: "write function f": ``f(*args, **kwargs)`` must return ``expected`` (plain data,
   compared outside the sandbox; floats within the problem's tolerance).
-- ``CheckScript``: trusted test code (HumanEval's ``check(candidate)``) run by the verifier
-  outside the sandbox, against a ``candidate`` that forwards each call into the sandbox.
+- ``CheckScript``: test code (HumanEval's ``check(candidate)``) run in a sandboxed process of
+  its own, against a ``candidate`` whose calls the verifier relays to the sandboxed solution.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Any, Union
 from verifiers.code import checkers, languages
 from verifiers.code.limits import Limits
 from verifiers.errors import ConfigError
+
+MAX_TESTS_FILE_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +40,9 @@ class CallTest:
 
 @dataclasses.dataclass(frozen=True)
 class CheckScript:
-    """Trusted test code: ``setup`` (helpers, e.g. a HumanEval prompt) then ``test`` defining
-    ``check(candidate)``, called with a proxy for the solution's ``entry_point``."""
+    """Test code: ``setup`` (helpers, e.g. a HumanEval prompt) then ``test`` defining
+    ``check(candidate)``, called with a proxy for the solution's ``entry_point``; sandboxed like
+    the solution (see ``check_script``), and it must call the solution and run an ``assert``."""
 
     test: str
     entry_point: str
@@ -89,25 +92,37 @@ class CodeProblem:
                 raise ConfigError(f"{name}={value!r} must be a finite number >= 0")
 
 
-def load_io_tests(path: str | pathlib.Path) -> tuple[IOTest, ...]:
-    """IO tests from a JSONL file whose lines are ``{"input": "...", "output": "..."}``."""
+def load_io_tests(path: str | pathlib.Path, max_bytes: int = MAX_TESTS_FILE_BYTES) -> tuple[IOTest, ...]:
+    """IO tests from a JSONL file whose lines are ``{"input": "...", "output": "..."}``; a file
+    over ``max_bytes`` (``/dev/zero`` included) is refused before it is parsed."""
     path = pathlib.Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise ConfigError(f"cannot read tests file {str(path)!r}: {e.strerror}") from None
+    if len(raw) > max_bytes:
+        raise ConfigError(f"tests file {str(path)!r} is larger than {max_bytes} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"tests file {str(path)!r} is not UTF-8 text") from None
     tests = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ConfigError(f"{path}:{number}: not a JSON object; expected "
                               '{"input": "...", "output": "..."}') from None
         if not (isinstance(obj, dict) and isinstance(obj.get("input"), str)
                 and isinstance(obj.get("output"), str)):
             raise ConfigError(f"{path}:{number}: expected string fields \"input\" and \"output\"")
+        try:
+            (obj["input"] + obj["output"]).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800"
+            raise ConfigError(f"{path}:{number}: a test holds an escape that is not a character") from None
         tests.append(IOTest(obj["input"], obj["output"]))
     if not tests:
         raise ConfigError(f"tests file {str(path)!r} holds no test")

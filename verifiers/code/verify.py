@@ -15,14 +15,15 @@ import threading
 from typing import Sequence
 
 from verifiers.code import checkers, languages, verdict
-from verifiers.code.calls import CallSession, SolutionFailed, run_check_script, same_value
+from verifiers.code.calls import CallSession, SolutionFailed, failure_verdict, same_value
+from verifiers.code.check_script import judge_check_script
 from verifiers.code.isolation import Isolation
 from verifiers.code.limits import MIB, Limits
 from verifiers.code.problems import CallTest, CheckScript, CodeProblem
-from verifiers.code.sandbox import LiveRun, RunResult, Sandbox
+from verifiers.code.sandbox import RunResult, Sandbox
 from verifiers.outcome import Outcome, TestResult, Timings, Verdict
 
-VERSION = "code/1"
+VERSION = "code/2"  # 2: check scripts run sandboxed and must call and assert
 COMPILE_TIME_FACTOR = 3.0
 _HERE = pathlib.Path(__file__).resolve().parent
 
@@ -45,20 +46,6 @@ def _compile_limits(limits: Limits) -> Limits:
         file_bytes=max(limits.file_bytes, 64 * MIB),
         disk_bytes=max(limits.disk_bytes, 256 * MIB),
     )
-
-
-def _failed(live: LiveRun, failure: SolutionFailed, limits: Limits) -> tuple[Verdict, str]:
-    """The verdict of a call that failed: by the reply if the session is sound, else by the run."""
-    if failure.kind == "unserialisable":
-        return Verdict.WA, str(failure)
-    if failure.kind == "load_error":
-        kind = Verdict.CE if str(failure).startswith("SyntaxError") else Verdict.RE
-        return kind, f"the solution failed to load: {failure}"
-    if failure.kind == "ended":  # the run is over: its own verdict (TLE, MLE, ...) comes first
-        decided = verdict.classify(live.result(), limits)
-        if decided is not None:
-            return decided
-    return Verdict.RE, str(failure)
 
 
 class CodeVerifier:
@@ -169,7 +156,7 @@ class CodeVerifier:
                     if problem.stop_early:
                         break
             except SolutionFailed as failure:
-                verdict_, detail = _failed(live, failure, problem.limits)
+                verdict_, detail = failure_verdict(live, failure, problem.limits)
                 results.append(TestResult(len(results), verdict_, detail))
             run = live.result()
         timed = _timings(run)
@@ -177,27 +164,7 @@ class CodeVerifier:
         return results
 
     def _check_script(self, source: bytes, problem: CodeProblem) -> TestResult:
-        script = problem.tests
-        assert isinstance(script, CheckScript)
-        with self._start_calls(source, problem) as live:
-            try:
-                session = CallSession(live)
-
-                def candidate(*args, **kwargs):
-                    return session.call(script.entry_point, args, kwargs)
-
-                run_check_script(script, candidate)
-                result = TestResult(0, Verdict.AC, f"check passed ({session.calls} calls)")
-            except SolutionFailed as failure:
-                verdict_, detail = _failed(live, failure, problem.limits)
-                result = TestResult(0, verdict_, detail)
-            except AssertionError as e:
-                message = str(e)[:200]
-                result = TestResult(0, Verdict.WA, f"check failed at call {session.calls}" + (f": {message}" if message else ""))
-            except Exception as e:  # noqa: BLE001 - the check raised on a wrong result
-                result = TestResult(0, Verdict.WA, f"check raised {type(e).__name__} at call {session.calls}")
-            run = live.result()
-        return dataclasses.replace(result, timings=_timings(run))
+        return judge_check_script(self.sandbox, problem, lambda: self._start_calls(source, problem))
 
 
 _default: CodeVerifier | None = None

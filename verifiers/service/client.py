@@ -2,12 +2,14 @@
 
 Requests go round-robin over the targets; a host that is unavailable is skipped and the request
 goes to the next one (verification is idempotent, so a retry cannot double-count). A request the
-server rejects as invalid raises ``ConfigError`` with the server's message.
+server rejects as invalid raises ``ConfigError`` with the server's message. A host that refuses
+the caller (``UNAUTHENTICATED``, ``PERMISSION_DENIED``) is a ``ServiceError``, never retried.
 """
 
 from __future__ import annotations
 
 import itertools
+import math as _math
 import threading
 from typing import Sequence
 
@@ -17,7 +19,7 @@ from verifiers.code.problems import CodeProblem
 from verifiers.errors import ConfigError, ServiceError
 from verifiers.math.judge import MathConfig
 from verifiers.outcome import Outcome
-from verifiers.service import convert
+from verifiers.service import convert, security
 from verifiers._generated import rlx_verifier_pb2 as pb
 from verifiers._generated import rlx_verifier_pb2_grpc as pb_grpc
 
@@ -30,17 +32,37 @@ class VerifierClient:
     Args:
       targets: one or more hosts of a verifier pool.
       timeout_s: deadline of one RPC; it should exceed the longest limits requested.
+      token: the pool's bearer token (sent on every call); None: none.
+      tls_root_cert: PEM file of the CA that signed the hosts' certificates; set: TLS.
+      tls_client_cert, tls_client_key: PEM files of this client's certificate (mutual TLS).
     """
 
-    def __init__(self, targets: Sequence[str] | str, *, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        targets: Sequence[str] | str,
+        *,
+        timeout_s: float = 300.0,
+        token: str | None = None,
+        tls_root_cert: str | None = None,
+        tls_client_cert: str | None = None,
+        tls_client_key: str | None = None,
+    ):
         targets = [targets] if isinstance(targets, str) else list(targets)
         if not targets:
             raise ConfigError("a verifier client needs at least one target host:port")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not _math.isfinite(timeout_s) or timeout_s <= 0:
+            raise ConfigError(f"client timeout_s {timeout_s!r} must be a finite number of seconds > 0")
+        self._metadata = security.call_metadata(token)
         options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-        self._channels = [grpc.insecure_channel(t, options=options) for t in targets]
+        self._channels = [
+            security.channel(t, root_cert=tls_root_cert, client_cert=tls_client_cert,
+                             client_key=tls_client_key, options=options)
+            for t in targets
+        ]
         self._stubs = [pb_grpc.VerifierStub(c) for c in self._channels]
         self.targets = tuple(targets)
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
         self._next = itertools.cycle(range(len(targets)))
         self._lock = threading.Lock()
 
@@ -51,7 +73,7 @@ class VerifierClient:
         for k in range(len(self._stubs)):
             i = (start + k) % len(self._stubs)
             try:
-                return getattr(self._stubs[i], method)(request, timeout=self.timeout_s)
+                return getattr(self._stubs[i], method)(request, timeout=self.timeout_s, metadata=self._metadata)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     raise ConfigError(e.details()) from None
@@ -78,7 +100,8 @@ class VerifierClient:
         answers = []
         for stub in self._stubs:
             try:
-                answers.append(stub.Health(pb.HealthRequest(), timeout=min(self.timeout_s, 10.0)))
+                answers.append(stub.Health(pb.HealthRequest(), timeout=min(self.timeout_s, 10.0),
+                                           metadata=self._metadata))
             except grpc.RpcError:
                 answers.append(None)
         return answers

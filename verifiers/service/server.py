@@ -1,46 +1,31 @@
 """The verifier gRPC service: one host of a verifier pool (``rlx serve verifier``).
 
-Each RPC decodes its request, calls the library (``MathVerifier``, ``CodeVerifier``) and encodes
-the ``Outcome``; nothing is judged here, so the service and the library cannot disagree. A bad
-request (unknown checker, a limit out of range) is ``INVALID_ARGUMENT`` with the library's
-one-line message; the server's own bounds on limits protect the host from greedy clients.
+Each RPC checks its request against the host's ceilings (``bounds``), decodes it, calls the
+library (``MathVerifier``, ``CodeVerifier``) and encodes the ``Outcome``; nothing is judged here,
+so the service and the library cannot disagree, and every request's code (programs and check
+scripts alike) runs in the sandbox. A bad request (unknown checker, a limit over this host's
+ceiling) is ``INVALID_ARGUMENT`` naming the field. Who may call is ``security``'s business: a
+loopback listener by default, a bearer token (and optionally TLS) for any other address.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 
 import grpc
 
-from verifiers.code.limits import Limits
 from verifiers.code.verify import VERSION as CODE_VERSION
 from verifiers.code.verify import CodeVerifier
 from verifiers.errors import ConfigError, VerifierError
 from verifiers.math.judge import version as math_version
 from verifiers.math.pool import MathVerifier
-from verifiers.service import convert
+from verifiers.service import bounds, convert
+from verifiers.service.bounds import ServerConfig
+from verifiers.service.security import EXCLUSIVE_PORT, ListenAddress, ServerSecurity
 from verifiers._generated import rlx_verifier_pb2 as pb
 from verifiers._generated import rlx_verifier_pb2_grpc as pb_grpc
 
-
-@dataclasses.dataclass(frozen=True)
-class ServerConfig:
-    """Bounds a host puts on requests: no limit in a request may exceed ``max_limits``."""
-
-    max_limits: Limits = Limits(
-        wall_s=120.0, cpu_s=60.0, memory_bytes=4 << 30, output_bytes=64 << 20,
-        processes=256, file_bytes=256 << 20, open_files=1024, disk_bytes=1 << 30,
-    )
-    max_math_timeout_s: float = 60.0
-    max_batch: int = 1024
-
-
-def _bounded(limits: Limits, bound: Limits) -> None:
-    for field in dataclasses.fields(Limits):
-        value, cap = getattr(limits, field.name), getattr(bound, field.name)
-        if value > cap:
-            raise ConfigError(f"limit {field.name}={value!r} exceeds this server's maximum {cap!r}")
+MAX_THREADS = 1024
 
 
 class VerifierService(pb_grpc.VerifierServicer):
@@ -57,19 +42,17 @@ class VerifierService(pb_grpc.VerifierServicer):
 
     def VerifyMath(self, request, context):
         try:
+            bounds.check_math_request(request, self.config)
             gold, response, cfg, timeout_s = convert.math_from_proto(request)
-            if timeout_s is not None and timeout_s > self.config.max_math_timeout_s:
-                raise ConfigError(
-                    f"math timeout_s={timeout_s!r} exceeds this server's maximum {self.config.max_math_timeout_s!r}"
-                )
             outcome = self.math.verify(gold, response, cfg, timeout_s=timeout_s)
         except VerifierError as e:
             self._abort(context, e)
         return convert.outcome_to_proto(outcome)
 
     def _code(self, request):
+        bounds.check_code_request(request, self.config)
         program, problem = convert.code_from_proto(request)
-        _bounded(problem.limits, self.config.max_limits)
+        bounds.check_limits(problem.limits, self.config)
         return program, problem
 
     def VerifyCode(self, request, context):
@@ -103,26 +86,37 @@ class VerifierService(pb_grpc.VerifierServicer):
 def serve(
     port: int,
     *,
-    host: str = "[::]",
+    host: str = "127.0.0.1",
     code: CodeVerifier | None = None,
     math: MathVerifier | None = None,
     threads: int = 16,
     config: ServerConfig = ServerConfig(),
+    security: ServerSecurity = ServerSecurity(),
 ) -> tuple[grpc.Server, int]:
     """Start a verifier server on ``host:port`` (port 0: any free port); returns it and its port.
 
-    The caller stops it with ``server.stop(grace)``.
+    A host other than loopback needs ``security.token``; the address and the security settings
+    are checked before the sandbox or the math workers start. The caller stops the server with
+    ``server.stop(grace)``.
     """
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"port {port!r} must be an integer in 0..65535")
+    address = ListenAddress(host, port)
+    security.check(address)
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"threads {threads!r} must be an integer from 1 to {MAX_THREADS}")
     service = VerifierService(code or CodeVerifier(), math or MathVerifier(), config)
+    message = config.max_message_bytes
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rlx-verifier"),
-        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
+        interceptors=security.interceptors(),
+        maximum_concurrent_rpcs=2 * threads,  # past it RESOURCE_EXHAUSTED: the client tries another host
+        options=[("grpc.max_receive_message_length", message), ("grpc.max_send_message_length", message),
+                 EXCLUSIVE_PORT],
     )
     pb_grpc.add_VerifierServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise ConfigError(f"cannot listen on {host}:{port}; is the port in use?")
+    try:
+        bound = security.bind(server, address)
+    except ConfigError:
+        server.stop(None)
+        raise
     server.start()
     return server, bound

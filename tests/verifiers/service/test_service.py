@@ -76,7 +76,7 @@ def test_health(stack):
     code, _, client, _ = stack
     (health,) = client.health()
     assert health.serving and health.isolation == code.sandbox.level.value and health.slots == 2
-    assert health.code_version == "code/1" and health.math_version.startswith("math/1")
+    assert health.code_version == "code/2" and health.math_version.startswith("math/1")
 
 
 def test_bad_requests_are_config_errors(stack):
@@ -94,3 +94,72 @@ def test_a_dead_host_is_skipped(stack):
     with VerifierClient(["127.0.0.1:1"], timeout_s=5) as client:
         with pytest.raises(ServiceError, match="no verifier host answered"):
             client.verify_math("1", "1")
+
+
+@pytest.fixture(scope="module")
+def strict(stack):
+    code, math, _, _ = stack
+    config = ServerConfig(
+        max_limits=Limits(wall_s=5.0, cpu_s=2.0, memory_bytes=256 << 20, output_bytes=1 << 20),
+        max_tests=3, max_program_bytes=100, max_tests_bytes=1000, max_batch=2, max_math_chars=50,
+        max_math_timeout_s=5.0,
+    )
+    server, port = serve(0, host="127.0.0.1", code=code, math=math, threads=2, config=config)
+    with VerifierClient(f"127.0.0.1:{port}", timeout_s=60) as client:
+        yield client
+    server.stop(0).wait()
+
+
+IO = (IOTest("", "1\n"),)
+
+
+@pytest.mark.parametrize(
+    "program, problem, message",
+    [
+        ("print(1)", CodeProblem(IO * 4), r"^tests=4 exceeds this server's maximum 3$"),
+        ("#" * 101, CodeProblem(IO), r"^program=101 bytes exceeds this server's maximum 100 bytes$"),
+        ("print(1)", CodeProblem((IOTest("x" * 1001, ""),)), r"^io size=1001 characters exceeds"),
+        ("def f(): pass", CodeProblem(CheckScript("#" * 1001, "f")), r"^check size=1002 characters exceeds"),
+        ("print(1)", CodeProblem(IO, limits=Limits(wall_s=6.0, cpu_s=1.0)), r"^limit wall_s=6.0 exceeds"),
+        ("print(1)", CodeProblem(IO, limits=Limits(wall_s=1.0, cpu_s=3.0)), r"^limit cpu_s=3.0 exceeds"),
+        ("print(1)", CodeProblem(IO, limits=Limits(wall_s=1.0, cpu_s=1.0, memory_bytes=257 << 20)),
+         r"^limit memory_bytes=269484032 exceeds this server's maximum 268435456$"),
+        ("print(1)", CodeProblem(IO, limits=Limits(wall_s=1.0, cpu_s=1.0, memory_bytes=256 << 20, output_bytes=2 << 20)),
+         r"^limit output_bytes=2097152 exceeds"),
+    ],
+    ids=["tests", "program", "io-size", "check-size", "wall", "cpu", "memory", "output"],
+)
+def test_requests_over_the_ceilings_are_refused(strict, program, problem, message):
+    with pytest.raises(ConfigError, match=message):
+        strict.verify_code(program, problem)
+
+
+@pytest.mark.parametrize(
+    "gold, config, timeout_s, message",
+    [
+        ("1" * 51, MathConfig(), None, r"^gold=51 characters exceeds this server's maximum 50 characters$"),
+        ("1", MathConfig(), 6.0, r"^math timeout_s 6.0 must be a number of seconds > 0 and <= 5$"),
+        ("1", MathConfig(), float("inf"), r"^math timeout_s inf must be"),
+        ("1", MathConfig(), float("nan"), r"^math timeout_s nan must be"),
+        ("1", MathConfig(abs_tol="1e999"), None, r"^abs_tol '1000000000000000000000000000000000000000\.\.\.' must be a decimal"),
+        ("1", MathConfig(rel_tol="2"), None, r"^rel_tol '2' must be a decimal like 1e-6 or a fraction like 1/1000, from 0 to 1$"),
+    ],
+)
+def test_math_requests_over_the_ceilings_are_refused(strict, gold, config, timeout_s, message):
+    with pytest.raises(ConfigError, match=message):
+        strict.verify_math(gold, "1", config, timeout_s=timeout_s)
+
+
+def test_hostile_tolerance_text_is_refused_before_parsing(stack):
+    """A tolerance the client did not build from MathConfig (a raw request) is checked as text."""
+    from verifiers._generated import rlx_verifier_pb2 as pb
+
+    _, _, client, _ = stack
+    for text in ("1e999999", "9" * 5000, "1/0", "nan"):
+        with pytest.raises(ConfigError, match="rel_tol .* must be a decimal"):
+            client._call("VerifyMath", pb.MathRequest(gold="1", response="1", rel_tol=text))
+
+
+def test_batches_over_the_ceiling_are_refused(strict):
+    with pytest.raises(ConfigError, match="batch of 3 exceeds this server's maximum 2"):
+        strict.verify_code_batch([("print(1)", CodeProblem(IO))] * 3)
