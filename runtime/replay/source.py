@@ -1,6 +1,6 @@
 """Opening a run directory for replay and audit: its ledger, one run, its parameter store.
 
-Nothing here writes: the ledger is opened without ``create`` and only read; the parameter store
+Nothing here writes: the ledger is opened read-only; the parameter store
 is opened only if its directory exists.
 """
 
@@ -57,7 +57,7 @@ def read_run(directory: str, run_id: str | None = None) -> RunLedger:
                              f"(nor a {RUN_POINTER_FILE} naming its ledger)")
     else:
         path, run_id = pointer["url"], run_id or pointer["run_id"]
-    with open_store(directory) as store:
+    with open_store(directory, readonly=True) as store:
         runs = store.runs()
         if run_id is None:
             if len(runs) != 1:
