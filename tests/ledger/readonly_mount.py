@@ -29,7 +29,7 @@ def unavailable() -> str | None:
     """Why read-only bind mounts cannot be made here, or None when they can."""
     try:
         done = subprocess.run(["unshare", "-m", "sh", "-c", _SCRIPT, "sh", "/tmp", "true"],
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"unshare cannot run: {e}"
     if done.returncode != 0:
@@ -42,7 +42,7 @@ def rlx_readonly(directory: str | os.PathLike, *argv: str, timeout: float = 600)
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
         ["unshare", "-m", "sh", "-c", _SCRIPT, "sh", os.fspath(directory), sys.executable, "-c", _CLI, *argv],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, check=False,
     )
     assert done.returncode not in (97, 98), f"read-only mount failed: {done.returncode} {done.stderr}"
     return done

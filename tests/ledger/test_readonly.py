@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from ledger import LedgerError, RolloutAssigned, StoreUnavailable, open_store
 from ledger.demo import write_demo_run
+from ledger.errors import ReadOnlyStore
 from runtime.cli import main
 from tests.ledger.readonly_mount import ROOT, rlx_readonly, tree_digest, unavailable
 
@@ -31,6 +32,12 @@ def run_dir(tmp_path):
 
 def _head(directory) -> int:
     with open_store(directory) as store:
+        (run,) = store.runs()
+        return store.head(run).seq
+
+
+def _head_read_only(directory) -> int:
+    with open_store(directory, readonly=True) as store:
         (run,) = store.runs()
         return store.head(run).seq
 
@@ -61,8 +68,9 @@ def _not_a_ledger(directory, kind: str) -> str:
     return path
 
 
-READERS = [
+COMMANDS = [  # every reader, and repair: a writer's open checks the file before touching it too
     ["ledger", "verify", "{dir}"],
+    ["ledger", "repair", "{dir}"],
     ["ledger", "stats", "{dir}"],
     ["ledger", "tail", "{dir}"],
     ["ledger", "export", "{dir}", "--out", "{out}"],
@@ -78,7 +86,7 @@ def test_a_file_that_is_not_a_ledger_is_refused_unchanged(tmp_path, capsys, kind
     directory.mkdir()
     path = _not_a_ledger(directory, kind)
     before = tree_digest(directory)
-    for argv in READERS:
+    for argv in COMMANDS:
         argv = [a.format(dir=directory, out=tmp_path / "out") for a in argv]
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -86,7 +94,7 @@ def test_a_file_that_is_not_a_ledger_is_refused_unchanged(tmp_path, capsys, kind
         assert path in err and "not an rlx ledger" in err, err
         assert tree_digest(directory) == before, argv
     assert not (tmp_path / "out").exists()
-    for opening in ({}, {"readonly": True}):  # a writer's open (resume, repair) checks before touching it too
+    for opening in ({}, {"readonly": True}):
         with pytest.raises(StoreUnavailable, match=f"^{path} is not an rlx ledger: .*expected"):
             open_store(directory, **opening)
         assert tree_digest(directory) == before
@@ -104,14 +112,16 @@ def test_a_read_only_store_reads_everything_and_refuses_every_write(run_dir):
         assert store.verify(run).ok and store.verify(run).head_seq == head.seq > 50
         assert len(list(store.read(run))) == head.seq and store.stats()["events"] == head.seq
         writes = {
-            "create_run": lambda: store.create_run("other"),
-            "acquire_epoch": lambda: store.acquire_epoch(run),
-            "append": lambda: store.append(run, [RolloutAssigned("w", (0,), (0,))],
-                                           expected_seq=head.seq, epoch=store.writer_epoch(run)),
-            "repair": lambda: store.repair(run, force=True) or store._truncate(run, 1),
+            "create run 'other'": lambda: store.create_run("other"),
+            f"take the writer epoch of run '{run}'": lambda: store.acquire_epoch(run),
+            f"append to run '{run}'": lambda: store.append(run, [RolloutAssigned("w", (0,), (0,))],
+                                                           expected_seq=head.seq, epoch=store.writer_epoch(run)),
+            f"repair run '{run}'": lambda: store.repair(run, force=True),
+            f"cut run '{run}'": lambda: store._truncate(run, 1),
         }
         for what, write in writes.items():
-            with pytest.raises(LedgerError, match=r"opened read-only.*cannot"):
+            with pytest.raises(ReadOnlyStore, match=f"^ledger sqlite:///{run_dir}/ledger.db is opened read-only: "
+                                                    f"cannot {what}$"):
                 write()
         assert store.head(run) == head
     _unchanged_but_sidecars(before, run_dir)
@@ -195,12 +205,15 @@ def test_a_copy_of_a_crashed_writers_run_directory_reads_on_a_read_only_mount(tm
     live = tmp_path / "live"
     live.mkdir()
     done = subprocess.run([sys.executable, "-c", _CRASHING_WRITER, str(live)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300, check=False)
     assert done.returncode == -signal.SIGKILL, done.stderr
     head = int(done.stdout)
     copy = tmp_path / "copy"
     shutil.copytree(live, copy)
     assert os.path.getsize(copy / "ledger.db-wal") > 0 and (copy / "ledger.db-shm").exists()
+    before = tree_digest(live)
+    assert _head_read_only(live) == head  # in place, without the writer that left the -wal
+    assert tree_digest(live)["ledger.db"] == before["ledger.db"]
     before = tree_digest(copy)
     done = rlx_readonly(copy, "ledger", "verify", str(copy), "--json")
     assert done.returncode == 0, done.stderr
