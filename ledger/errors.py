@@ -63,6 +63,10 @@ class StoreUnavailable(LedgerError):
     """The store cannot be opened or reached (bad path, bad URL, not a ledger, server down)."""
 
 
+class ReadOnlyStore(LedgerError):
+    """A write on a store opened read-only (``open_store(..., readonly=True)``); nothing was written."""
+
+
 class Busy(LedgerError):
     """The database stayed locked past the busy timeout; the same call may succeed later."""
 

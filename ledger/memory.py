@@ -16,9 +16,10 @@ from ledger.store import EventStore, Head, RawRecord, append_chain
 class MemoryStore(EventStore):
     """Runs kept in process memory; thread-safe; nothing survives the process."""
 
-    def __init__(self, *, registry: Registry = EVENTS):
+    def __init__(self, *, registry: Registry = EVENTS, readonly: bool = False):
         self.url = "memory://"
         self.registry = registry
+        self.readonly = readonly
         self._lock = threading.Condition()
         self._records: dict[str, list[RawRecord]] = {}
         self._epochs: dict[str, int] = {}
@@ -30,6 +31,7 @@ class MemoryStore(EventStore):
             raise RunNotFound(run_id, self.runs()) from None
 
     def create_run(self, run_id: str) -> None:
+        self._writable(f"create run {run_id!r}")
         with self._lock:
             if run_id in self._records:
                 raise RunExists(f"run {run_id!r} already exists in this ledger")
@@ -40,6 +42,7 @@ class MemoryStore(EventStore):
         return sorted(self._records)
 
     def acquire_epoch(self, run_id: str) -> int:
+        self._writable(f"take the writer epoch of run {run_id!r}")
         with self._lock:
             self._run(run_id)
             self._epochs[run_id] += 1
@@ -83,6 +86,7 @@ class MemoryStore(EventStore):
             self._lock.wait_for(lambda: self.head(run_id).seq > after_seq, timeout=timeout)
 
     def _truncate(self, run_id: str, from_seq: int) -> int:
+        self._writable(f"cut run {run_id!r}")
         with self._lock:
             recs = self._run(run_id)
             keep = [r for r in recs if r.seq < from_seq]

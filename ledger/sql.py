@@ -3,9 +3,12 @@
 SQLite: WAL journal, ``synchronous=FULL`` by default, a busy timeout, and explicit
 ``BEGIN IMMEDIATE`` for every write transaction (the stdlib driver's implicit transactions are
 switched off, as SQLAlchemy's SQLite notes advise). Reads run in short deferred transactions,
-so readers never block the writer and always see a committed prefix.
+so readers never block the writer and always see a committed prefix. The journal mode is set
+only once the file is known to be an rlx ledger (or was just made one): opening never converts
+someone else's database. Read-only stores open the file ``mode=ro`` (see ``readonly_uri``).
 
-PostgreSQL: ``synchronous_commit=on``; appends to one run are serialised by locking the run's
+PostgreSQL: ``synchronous_commit=on``; read-only stores run every session with
+``default_transaction_read_only=on`` and issue no DDL; appends to one run are serialised by locking the run's
 row (``SELECT … FOR UPDATE``), which makes ``seq`` gapless and insert order equal commit order.
 Each commit sends ``NOTIFY rlx_ledger`` with the run id; ``follow`` uses it as a wake-up only
 and always re-reads from its last seq.
@@ -18,7 +21,6 @@ import functools
 import os
 import threading
 import time
-import urllib.parse
 from typing import Iterator
 
 import sqlalchemy as sa
@@ -35,6 +37,7 @@ from ledger.errors import (
     StoreUnavailable,
 )
 from ledger.events import EVENTS, Registry
+from ledger.sqlite_file import EXPECTED, check_database_file, readonly_uri, writable_uri
 from ledger.store import EventStore, Head, RawRecord, append_chain
 
 FORMAT = "rlx-ledger"
@@ -107,9 +110,11 @@ class _SqlStore(EventStore):
 
     _paramstyle = "?"
 
-    def __init__(self, url: str, engine: sa.Engine, read_engine: sa.Engine, *, create: bool, registry: Registry):
+    def __init__(self, url: str, engine: sa.Engine, read_engine: sa.Engine, *, create: bool, readonly: bool,
+                 registry: Registry):
         self.url = url
         self.registry = registry
+        self.readonly = readonly
         self._engine = engine
         self._read_engine = read_engine
         self._insert_sql = _INSERT.format(p=self._paramstyle)
@@ -136,25 +141,31 @@ class _SqlStore(EventStore):
     def _display(self) -> str:
         return sa.engine.make_url(self.url).render_as_string(hide_password=True)
 
+    def _where(self) -> str:
+        """The ledger as errors name it."""
+        return self._display()
+
     def _ensure_schema(self, create: bool) -> None:
-        insp = sa.inspect(self._engine)
-        names = set(insp.get_table_names())
-        if "rlx_meta" in names:
-            with self._read_engine.connect() as conn:
-                rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+        """Check that the database is an rlx ledger of this schema; with ``create``, make an empty
+        one a ledger. Only reads unless it creates."""
+        with self._read_engine.connect() as conn:
+            names = set(sa.inspect(conn).get_table_names())
+            rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all()) if "rlx_meta" in names else None
+        if rows is not None:
             if rows.get("format") != FORMAT:
-                raise StoreUnavailable(f"{self._display()} is not an rlx ledger (format {rows.get('format')!r})")
+                raise StoreUnavailable(f"{self._where()} is not an rlx ledger: its rlx_meta table says format "
+                                       f"{rows.get('format')!r}; {EXPECTED}")
             if rows.get("schema_version") != SCHEMA_VERSION:
                 raise StoreUnavailable(
-                    f"{self._display()} has ledger schema {rows.get('schema_version')!r}; "
+                    f"{self._where()} has ledger schema {rows.get('schema_version')!r}; "
                     f"this software reads schema {SCHEMA_VERSION!r}"
                 )
             return
         if not create:
-            raise StoreUnavailable(f"{self._display()} is not an rlx ledger (no rlx_meta table)")
+            raise StoreUnavailable(f"{self._where()} is not an rlx ledger: it has no rlx_meta table; {EXPECTED}")
         if names - {"rlx_runs", "rlx_events"} and not self._allow_foreign_tables():
             raise StoreUnavailable(
-                f"{self._display()} is a database with other tables ({', '.join(sorted(names)[:5])}), "
+                f"{self._where()} is a database with other tables ({', '.join(sorted(names)[:5])}), "
                 "not an rlx ledger; refusing to write into it"
             )
         try:
@@ -187,6 +198,7 @@ class _SqlStore(EventStore):
     def create_run(self, run_id: str) -> None:
         if not isinstance(run_id, str) or not run_id or len(run_id) > 200:
             raise LedgerError(f"invalid run id {run_id!r}: a non-empty string of at most 200 characters")
+        self._writable(f"create run {run_id!r}")
         with self._translate("create_run"):
             try:
                 with self._engine.begin() as conn:
@@ -199,6 +211,7 @@ class _SqlStore(EventStore):
             return [r[0] for r in conn.execute(sa.select(runs_table.c.run_id).order_by(runs_table.c.run_id))]
 
     def acquire_epoch(self, run_id: str) -> int:
+        self._writable(f"take the writer epoch of run {run_id!r}")
         with self._translate("acquire_epoch"), self._engine.begin() as conn:
             epoch = self._lock_run(conn, run_id) + 1
             conn.execute(
@@ -267,6 +280,7 @@ class _SqlStore(EventStore):
             seq = int(rows[-1][0]) + 1
 
     def _truncate(self, run_id: str, from_seq: int) -> int:
+        self._writable(f"cut run {run_id!r}")
         with self._translate("repair"), self._engine.begin() as conn:
             self._lock_run(conn, run_id)
             res = conn.execute(events_table.delete().where(_ev.run_id == run_id, _ev.seq >= from_seq))
@@ -327,12 +341,15 @@ class SqliteStore(_SqlStore):
         url: str,
         *,
         create: bool = False,
+        readonly: bool = False,
         registry: Registry = EVENTS,
         synchronous: str = "FULL",
         busy_timeout_ms: int = 30_000,
     ):
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise LedgerError(f"invalid synchronous={synchronous!r}; accepted: OFF, NORMAL, FULL, EXTRA")
+        if create and readonly:
+            raise LedgerError("a ledger cannot be opened both to create it and read-only")
         path = sa.engine.make_url(url).database
         if not path:
             raise StoreUnavailable(f"SQLite URL {url!r} names no file; use sqlite:///PATH")
@@ -343,23 +360,49 @@ class SqliteStore(_SqlStore):
             raise StoreUnavailable(f"no ledger at {self.path} (file does not exist)")
         if create and not os.path.isdir(os.path.dirname(self.path)):
             raise StoreUnavailable(f"cannot create ledger {self.path}: directory {os.path.dirname(self.path)} does not exist")
-        mode = "rwc" if create else "rw"
-        creator_url = "file:" + urllib.parse.quote(self.path) + f"?mode={mode}"
+        if not create:
+            check_database_file(self.path)
+        creator_url = readonly_uri(self.path) if readonly else writable_uri(self.path, create=create)
         self._sync = synchronous.upper()
         self._busy = int(busy_timeout_ms)
+        self._readonly = readonly
         self._creator_url = creator_url
         self._writer = None  # the appends' own connection, opened on the first append
         self._writer_lock = threading.Lock()
-        engine = self._make_engine(creator_url, "BEGIN IMMEDIATE")
         read_engine = self._make_engine(creator_url, "BEGIN")
+        engine = read_engine if readonly else self._make_engine(creator_url, "BEGIN IMMEDIATE")
         try:
-            super().__init__("sqlite:///" + self.path, engine, read_engine, create=create, registry=registry)
+            super().__init__("sqlite:///" + self.path, engine, read_engine, create=create, readonly=readonly,
+                             registry=registry)
+            if not readonly:
+                self._use_wal()
         except LedgerError as e:
             engine.dispose()
             read_engine.dispose()
             if "file is not a database" in str(e):
-                raise StoreUnavailable(f"{self.path} is not an rlx ledger (not a SQLite database)") from None
+                raise StoreUnavailable(f"{self.path} is not an rlx ledger: it is not a SQLite database; {EXPECTED}") from None
             raise
+
+    def _where(self) -> str:
+        return self.path
+
+    def _use_wal(self) -> None:
+        """Switch the ledger, known by now to be one, to WAL (a no-op once it is: the mode is
+        kept in the file); connections opened before the switch are dropped."""
+        import sqlite3
+
+        try:
+            conn = self._connect(self._creator_url)
+            try:
+                (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"ledger {self.path} cannot use a write-ahead log: {e}") from e
+        if str(mode).lower() != "wal":
+            raise StoreUnavailable(f"ledger {self.path} cannot use a write-ahead log (journal mode stays {mode!r})")
+        self._engine.dispose()
+        self._read_engine.dispose()
 
     def close(self) -> None:
         with self._writer_lock:
@@ -373,8 +416,10 @@ class SqliteStore(_SqlStore):
 
         conn = sqlite3.connect(creator_url, uri=True, check_same_thread=False, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout={self._busy}")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._sync}")
+        if self._readonly:
+            conn.execute("PRAGMA query_only=ON")
+        else:
+            conn.execute(f"PRAGMA synchronous={self._sync}")
         return conn
 
     def _make_engine(self, creator_url: str, begin: str) -> sa.Engine:
@@ -458,18 +503,25 @@ class PostgresStore(_SqlStore):
 
     _paramstyle = "%s"
 
-    def __init__(self, url: str, *, create: bool = False, registry: Registry = EVENTS):
+    def __init__(self, url: str, *, create: bool = False, readonly: bool = False, registry: Registry = EVENTS):
+        if create and readonly:
+            raise LedgerError("a ledger cannot be opened both to create it and read-only")
         u = sa.engine.make_url(url)
         if u.drivername in ("postgresql", "postgres"):
             u = u.set(drivername="postgresql+psycopg")
         # Durability is not left to the server's default: every session commits synchronously.
-        options = (u.query.get("options", "") + " -c synchronous_commit=on").strip()
+        # A read-only store's sessions refuse every write on the server's side too.
+        options = u.query.get("options", "") + " -c synchronous_commit=on"
+        if readonly:
+            options += " -c default_transaction_read_only=on"
+        options = options.strip()
         u = u.update_query_dict({"options": options})
         self._conninfo = u.set(drivername="postgresql").render_as_string(hide_password=False)
         engine = sa.create_engine(u, pool_pre_ping=True)
         self._listener = None
         try:
-            super().__init__(u.render_as_string(hide_password=False), engine, engine, create=create, registry=registry)
+            super().__init__(u.render_as_string(hide_password=False), engine, engine, create=create,
+                             readonly=readonly, registry=registry)
         except LedgerError:
             engine.dispose()
             raise

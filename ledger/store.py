@@ -12,6 +12,8 @@ Semantics (the same for every backend, checked by one contract test suite):
 - Readers see only committed events, in seq order; ``follow`` tails new events as they commit.
 - ``verify`` recomputes the hash chain and decodes every body; ``repair`` cuts a torn tail back
   to the last valid event and refuses corruption in the middle unless forced.
+- A store opened ``readonly`` changes nothing: not the data, not the file's journal mode, not
+  the schema; every write raises ``ReadOnlyStore``. Inspecting commands open stores this way.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Iterable, Iterator, Sequence
 
 from ledger import chain
 from ledger.codec import decode_body, encode_event
-from ledger.errors import CodecError, CorruptLedger, LedgerError, StoreUnavailable
+from ledger.errors import CodecError, CorruptLedger, LedgerError, ReadOnlyStore, StoreUnavailable
 from ledger.events import EVENTS, Event, Registry
 
 RUN_LEDGER_FILE = "ledger.db"
@@ -107,6 +109,8 @@ class EventStore(abc.ABC):
 
     url: str
     registry: Registry = EVENTS
+    readonly: bool = False
+    """Opened for reading only: every write raises ``ReadOnlyStore`` before touching anything."""
 
     # -- backend primitives --------------------------------------------------------------------
 
@@ -159,8 +163,14 @@ class EventStore(abc.ABC):
 
     # -- shared logic --------------------------------------------------------------------------
 
+    def _writable(self, what: str) -> None:
+        """Raise ``ReadOnlyStore`` before a write (``what``) on a store opened read-only."""
+        if self.readonly:
+            raise ReadOnlyStore(f"ledger {self.url} is opened read-only: cannot {what}")
+
     def append(self, run_id: str, events: Sequence[Event], *, expected_seq: int, epoch: int) -> Head:
         """Append ``events`` after ``expected_seq`` as writer ``epoch``: all or nothing."""
+        self._writable(f"append to run {run_id!r}")
         if not events:
             raise LedgerError("append needs at least one event")
         records = [encode_event(ev) for ev in events]
@@ -272,6 +282,7 @@ class EventStore(abc.ABC):
         Corruption followed by valid events is refused (``CorruptLedger``) unless ``force``, in
         which case everything from the first bad seq on is removed.
         """
+        self._writable(f"repair run {run_id!r}")
         report = self.verify(run_id)
         if report.ok:
             return RepairReport(run_id, None, 0, report.head_seq)
@@ -347,25 +358,32 @@ def write_run_pointer(directory: str | os.PathLike, target: str, run_id: str) ->
 ACCEPTED = "a SQLite file path, a run directory, sqlite:///PATH, postgresql://… or memory://"
 
 
-def open_store(target: str | os.PathLike, *, create: bool = False, registry: Registry = EVENTS) -> EventStore:
+def open_store(
+    target: str | os.PathLike, *, create: bool = False, readonly: bool = False, registry: Registry = EVENTS
+) -> EventStore:
     """Open the store at ``target`` ({accepted}).
 
-    With ``create=False`` a missing SQLite file is an error and nothing is created.
+    With ``create=False`` a missing SQLite file is an error and nothing is created; a file or
+    database that is not an rlx ledger is refused before anything in it is changed.
+    With ``readonly=True`` nothing is ever written (a SQLite file is opened ``mode=ro``, a
+    PostgreSQL session is read-only), so reading works on a read-only mount.
     """
+    if create and readonly:
+        raise LedgerError("a ledger cannot be opened both to create it and read-only")
     url = resolve_url(target)
     scheme = url.split("://", 1)[0].lower() if "://" in url else url
     if scheme in ("memory", ":memory:"):
         from ledger.memory import MemoryStore
 
-        return MemoryStore(registry=registry)
+        return MemoryStore(registry=registry, readonly=readonly)
     if scheme == "sqlite":
         from ledger.sql import SqliteStore
 
-        return SqliteStore(url, create=create, registry=registry)
+        return SqliteStore(url, create=create, readonly=readonly, registry=registry)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
         from ledger.sql import PostgresStore
 
-        return PostgresStore(url, create=create, registry=registry)
+        return PostgresStore(url, create=create, readonly=readonly, registry=registry)
     raise StoreUnavailable(f"unsupported ledger URL scheme {scheme!r} in {url!r}; accepted: {ACCEPTED}")
 
 

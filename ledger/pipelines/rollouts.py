@@ -47,7 +47,7 @@ class _ReadRange(beam.DoFn):
         self.store = None
 
     def setup(self) -> None:
-        self.store = open_store(self.url)
+        self.store = open_store(self.url, readonly=True)
 
     def process(self, bounds: tuple[int, int]) -> Iterator[tuple[int, ev.Event]]:
         first, last = bounds
@@ -71,7 +71,7 @@ class ReadLedger(beam.PTransform):
         if range_events < 1:
             raise LedgerError(f"events per read range (--range-events) must be >= 1, got {range_events}")
         self.url, self.run_id, self.range_events = _check_url(target), run_id, range_events
-        with open_store(self.url) as store:
+        with open_store(self.url, readonly=True) as store:
             if run_id not in store.runs():
                 raise RunNotFound(run_id, store.runs())
             self.head = store.head(run_id).seq

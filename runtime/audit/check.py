@@ -4,7 +4,9 @@ Pure: the caller reads the parameter store (each stored version's digest recompu
 arrays, or why it could not be read) and passes the result in. Beyond
 ``runtime.controller.invariants.check``, which compares stored digests with the ledger, a
 version the ledger still retains (published, never retired) but the store lacks is an I8
-violation: the run could not resume from it, and nothing could audit its bits.
+violation: the run could not resume from it, and nothing could audit its bits. A parameter
+store that is gone altogether lacks every retained version: that is a violation too, not a
+reason to check the ledger alone.
 """
 
 from __future__ import annotations
@@ -19,23 +21,29 @@ __all__ = ["NAMES", "Violation", "check_run"]
 
 
 def check_run(events: Iterable[StoredEvent], *, stored: Mapping[int, str] | None = None,
-              unreadable: Mapping[int, str] | None = None) -> list[Violation]:
+              unreadable: Mapping[int, str] | None = None, absent: str | None = None) -> list[Violation]:
     """Every violation of I1–I8 in a run, in ledger order.
 
     Args:
       events: the run's stored events, in seq order.
-      stored: digest of every readable version in the run's parameter store; None when the run
-        has no parameter store to check (the ledger is then checked alone).
+      stored: digest of every readable version in the run's parameter store; None to check the
+        ledger alone (a caller that has no parameter store to compare with).
       unreadable: versions present in the store whose data could not be read, with the reason.
+      absent: why the run's parameter store could not be read at all (it does not exist, it
+        cannot be opened); every version the ledger retains is then missing from it.
     """
     events = list(events)
     unreadable = dict(unreadable or {})
+    if absent is not None:
+        stored, unreadable = {}, {}
     digest_of = None if stored is None else stored.get
+    why = "" if absent is None else f" ({absent})"
     out = check(events, digest_of=digest_of)
     if stored is not None:
         for v, seq in Provenance.from_events(events).retained().items():
             if v in unreadable:
                 out.append(Violation("I8", seq, f"stored version {v} is unreadable: {unreadable[v]}"))
             elif v not in stored:
-                out.append(Violation("I8", seq, f"version {v} is retained by the ledger but missing from the parameter store"))
+                out.append(Violation("I8", seq, f"version {v} is retained by the ledger but missing from the "
+                                                f"parameter store{why}"))
     return sorted(out, key=lambda x: (x.seq, x.invariant))

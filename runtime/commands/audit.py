@@ -2,8 +2,10 @@
 invariants of a run, and where it parts from another.
 
 Readable tables by default, one JSON object with ``--json``. ``check`` exits 1 when any of
-I1–I8 is violated (or the ledger's hash chain is broken) and lists the violating events;
-``diff`` exits 1 when the runs differ.
+I1–I8 is violated (or the ledger's hash chain is broken) and lists the violating events; a
+version the ledger retains that the parameter store lacks, or holds with other weights, is an
+I8 violation, also when the whole parameter store is gone. ``diff`` exits 1 when the runs
+differ. Every query opens the ledger read-only: it works on a read-only mount.
 """
 
 from __future__ import annotations
@@ -75,22 +77,28 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stored_versions(directory: str, config: dict) -> tuple[dict[int, str] | None, dict[int, str]]:
-    """Digests recomputed from every stored version's arrays, and the versions that would not read."""
+def _stored_versions(directory: str, config: dict) -> tuple[dict[int, str], dict[int, str], str | None]:
+    """Digests recomputed from every stored version's arrays, the versions that would not read,
+    and why the parameter store could not be read at all (None when it could)."""
     from runtime.params import ParamStoreError
     from runtime.replay import open_params
     from runtime.rundir import RunDir
 
-    pstore = open_params(RunDir(directory).logged_params(config))
+    url = RunDir(directory).logged_params(config)
+    try:
+        pstore = open_params(url)
+        versions = () if pstore is None else pstore.versions()
+    except ParamStoreError as e:
+        return {}, {}, f"parameter store {url} cannot be read: {e}"
     if pstore is None:
-        return None, {}
+        return {}, {}, f"no parameter store at {url}"
     stored, unreadable = {}, {}
-    for v in pstore.versions():
+    for v in versions:
         try:
             stored[v] = pstore.verify(v)
         except ParamStoreError as e:
             unreadable[v] = str(e)
-    return stored, unreadable
+    return stored, unreadable, None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -100,11 +108,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     source = read_run(args.directory, args.run_id)
     chain = source.chain
     violations, kinds = [], {}
-    stored = None
+    absent = None
     if chain.ok:
         config = next((s.event.config for s in source.events[:1] if s.kind == "RunStarted"), {})
-        stored, unreadable = _stored_versions(args.directory, config)
-        violations = check_run(source.events, stored=stored, unreadable=unreadable)
+        stored, unreadable, absent = _stored_versions(args.directory, config)
+        violations = check_run(source.events, stored=stored, unreadable=unreadable, absent=absent)
         kinds = {s.seq: s.kind for s in source.events}
     ok = chain.ok and not violations
     rows = [{"invariant": v.invariant, "seq": v.seq, "kind": kinds.get(v.seq, "end"), "message": v.message}
@@ -113,14 +121,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         _emit({
             "run_id": source.run_id, "ok": ok, "events": chain.events,
             "chain": {"ok": chain.ok, "first_bad_seq": chain.first_bad_seq, "reason": chain.reason},
-            "params_checked": stored is not None, "violations": rows, "invariants": NAMES,
+            "params_checked": chain.ok, "params_absent": absent, "violations": rows, "invariants": NAMES,
         })
         return 0 if ok else 1
     from rich.console import Console
 
     from runtime.audit import render
 
-    render.check(Console(), source.run_id, chain, rows, params_checked=stored is not None)
+    render.check(Console(), source.run_id, chain, rows, params_checked=chain.ok)
     return 0 if ok else 1
 
 

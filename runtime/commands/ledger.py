@@ -3,7 +3,9 @@
 Every command takes a store URL, a SQLite file path or a run directory (``DIR/ledger.db``).
 Only ``demo`` and ``export`` create anything (``export`` only the JSON lines it is asked for);
 the others never create or modify files they were not asked to (``repair`` modifies the ledger
-it is pointed at, and only to cut a torn tail).
+it is pointed at, and only to cut a torn tail). ``verify``, ``stats``, ``tail`` and ``export``
+open the ledger read-only, so they work on a read-only mount and never convert a file that is
+not a ledger.
 """
 
 from __future__ import annotations
@@ -64,10 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_demo)
 
 
-def _open(target: str, create: bool = False):
+def _open(target: str, *, create: bool = False, readonly: bool = False):
     from ledger import open_store
 
-    return open_store(target, create=create)
+    return open_store(target, create=create, readonly=readonly)
 
 
 def _runs(store, run_id: str | None, target: str) -> list[str]:
@@ -90,7 +92,7 @@ def _emit(obj: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    with _open(args.target) as store:
+    with _open(args.target, readonly=True) as store:
         reports = [store.verify(r) for r in _runs(store, args.run_id, args.target)]
     ok = all(r.ok for r in reports)
     if args.json:
@@ -139,7 +141,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args.target) as store:
+    with _open(args.target, readonly=True) as store:
         stats = store.stats()
     if args.json:
         _emit(stats)
@@ -178,7 +180,7 @@ def summarize(value: Any) -> Any:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    with _open(args.target) as store:
+    with _open(args.target, readonly=True) as store:
         if args.n < 1 and args.from_seq is None:
             from runtime.errors import UsageError
 
@@ -220,7 +222,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import logging
 
     beam_args = list(args.passthrough)
-    with _open(args.target) as store:
+    with _open(args.target, readonly=True) as store:
         run = _one_run(store, args.run_id, args.target)
         first = next(iter(store.read(run, 1, 1)), None) if run is not None else None
     if run is None:

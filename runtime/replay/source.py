@@ -1,6 +1,6 @@
 """Opening a run directory for replay and audit: its ledger, one run, its parameter store.
 
-Nothing here writes: the ledger is opened without ``create`` and only read; the parameter store
+Nothing here writes: the ledger is opened read-only; the parameter store
 is opened only if its directory exists.
 """
 
@@ -47,7 +47,7 @@ def read_run(directory: str, run_id: str | None = None) -> RunLedger:
     """
     rundir = RunDir(directory)
     rundir.check_exists()
-    with open_store(directory) as store:
+    with open_store(directory, readonly=True) as store:
         run_id = rundir.select_run(store, run_id)
         chain = store.verify(run_id)
         if chain.ok:

@@ -26,6 +26,7 @@ from runtime.cli import main
 from runtime.errors import UsageError
 from runtime.params import ParamStore
 from runtime.session import make_task
+from tests.ledger.readonly_mount import rlx_readonly, unavailable
 from tests.runtime.small_run import SEED
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,7 @@ def test_check_catches_a_rollout_consumed_twice(events, tmp_path, capsys):
     assert Violation("I2", seq, "batch 2 consumes rollout 0 again (first by batch 1)") in violations
     assert main(["audit", edited, "check", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["ok"] is False and doc["params_checked"] is False
+    assert doc["ok"] is False and doc["params_absent"] == f"no parameter store at {edited}/params"
     assert {"invariant": "I2", "seq": seq, "kind": "BatchFormed",
             "message": "batch 2 consumes rollout 0 again (first by batch 1)"} in doc["violations"]
     assert main(["audit", edited, "check"]) == 1
@@ -322,3 +323,79 @@ def test_diff_finds_the_first_version_and_says_its_inputs_were_the_same(finished
     assert "the train step itself" in v["cause"]["message"]
     # Rollouts sampled from version 2 onwards would now come from other weights: none differs here.
     assert doc["first_divergent_rollout"] is None
+
+
+@pytest.mark.slow
+def test_check_reports_every_retained_version_when_the_parameter_store_is_gone(finished, events, tmp_path, capsys):
+    gone = str(tmp_path / "gone")
+    shutil.copytree(finished[0], gone)
+    shutil.rmtree(f"{gone}/params")
+    published = {v: one(events, ev.WeightsPublished, version=v)[0] for v in range(4)}
+    assert main(["audit", gone, "check", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["params_checked"]) == (False, True)
+    assert doc["violations"] == [{
+        "invariant": "I8", "seq": seq, "kind": "WeightsPublished",
+        "message": f"version {v} is retained by the ledger but missing from the parameter store "
+                   f"(no parameter store at {gone}/params)",
+    } for v, seq in published.items()]
+    assert main(["audit", gone, "check"]) == 1
+    text = capsys.readouterr().out
+    assert all(f"version {v} is retained" in text for v in range(4))
+
+
+@pytest.mark.slow
+def test_check_reports_weights_whose_digest_is_not_the_ledgers(finished, events, tmp_path, capsys):
+    swapped = str(tmp_path / "swapped")
+    shutil.copytree(finished[0], swapped)
+    pstore = ParamStore.open(f"{swapped}/params")
+    params = pstore.get(2)
+    pstore.delete(2)
+    pstore.put(2, nudged(params))  # a well-formed version 2, but not the ledger's weights
+    seq, published = one(events, ev.WeightsPublished, version=2)
+    assert main(["audit", swapped, "check", "--json"]) == 1
+    (row,) = json.loads(capsys.readouterr().out)["violations"]
+    assert (row["invariant"], row["seq"]) == ("I8", seq)
+    assert row["message"].startswith("version 2: stored weights have digest ")
+    assert row["message"].endswith(f"the ledger says {published.digest[:16]}…")
+
+
+def nudged(tree):
+    """``tree`` with the first element of its first array leaf moved one float step."""
+    done = False
+
+    def nudge(x):
+        nonlocal done
+        if isinstance(x, dict):
+            return {k: nudge(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(nudge(v) for v in x)
+        if isinstance(x, np.ndarray) and x.size and not done and np.issubdtype(x.dtype, np.floating):
+            done = True
+            y = x.copy()
+            y.flat[0] = np.nextafter(y.flat[0], np.inf, dtype=y.dtype)
+            return y
+        return x
+
+    out = nudge(tree)
+    assert done
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_audit_and_replay_work_on_a_read_only_mount(finished, events, tmp_path):
+    mount = tmp_path / "ro"
+    a, b = str(mount / "a"), str(mount / "b")
+    shutil.copytree(finished[0], a)
+    shutil.copytree(finished[0], b)
+    done = rlx_readonly(mount, "audit", a, "check", "--json")
+    assert done.returncode == 0, done.stderr
+    assert (json.loads(done.stdout)["ok"], json.loads(done.stdout)["params_absent"]) == (True, None)
+    done = rlx_readonly(mount, "audit", a, "version", "3", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["version"]["digest"] == finished[1]["final_digest"], done.stderr
+    done = rlx_readonly(mount, "audit", a, "diff", b, "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["identical"], done.stderr
+    done = rlx_readonly(mount, "replay", a, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["final_digest"] == finished[1]["final_digest"]
