@@ -38,7 +38,7 @@ from ledger.errors import (
 )
 from ledger.events import EVENTS, Registry
 from ledger.sqlite_file import EXPECTED, check_database_file, readonly_uri, writable_uri
-from ledger.store import EventStore, Head, RawRecord, append_chain
+from ledger.store import SQLITE_SYNCHRONOUS, EventStore, Head, RawRecord, append_chain
 
 FORMAT = "rlx-ledger"
 SCHEMA_VERSION = "1"
@@ -346,8 +346,8 @@ class SqliteStore(_SqlStore):
         synchronous: str = "FULL",
         busy_timeout_ms: int = 30_000,
     ):
-        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-            raise LedgerError(f"invalid synchronous={synchronous!r}; accepted: OFF, NORMAL, FULL, EXTRA")
+        if synchronous.upper() not in SQLITE_SYNCHRONOUS:
+            raise LedgerError(f"invalid synchronous={synchronous!r}; accepted: {', '.join(SQLITE_SYNCHRONOUS)}")
         if create and readonly:
             raise LedgerError("a ledger cannot be opened both to create it and read-only")
         path = sa.engine.make_url(url).database

@@ -356,12 +356,18 @@ def write_run_pointer(directory: str | os.PathLike, target: str, run_id: str) ->
 
 
 ACCEPTED = "a SQLite file path, a run directory, sqlite:///PATH, postgresql://… or memory://"
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+"""SQLite's ``PRAGMA synchronous`` levels (PostgreSQL always commits with ``synchronous_commit=on``)."""
 
 
 def open_store(
-    target: str | os.PathLike, *, create: bool = False, readonly: bool = False, registry: Registry = EVENTS
+    target: str | os.PathLike, *, create: bool = False, readonly: bool = False, registry: Registry = EVENTS,
+    synchronous: str = "FULL",
 ) -> EventStore:
     """Open the store at ``target`` ({accepted}).
+
+    ``synchronous`` is the durability of a SQLite ledger's commits (``PRAGMA synchronous``, one of
+    ``SQLITE_SYNCHRONOUS``); the other stores ignore it.
 
     With ``create=False`` a missing SQLite file is an error and nothing is created; a file or
     database that is not an rlx ledger is refused before anything in it is changed.
@@ -379,7 +385,7 @@ def open_store(
     if scheme == "sqlite":
         from ledger.sql import SqliteStore
 
-        return SqliteStore(url, create=create, readonly=readonly, registry=registry)
+        return SqliteStore(url, create=create, readonly=readonly, registry=registry, synchronous=synchronous)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
         from ledger.sql import PostgresStore
 

@@ -30,7 +30,6 @@ from runtime.errors import UsageError
 DETERMINISTIC = "deterministic"
 FRESHEST = "freshest"
 MODES = (DETERMINISTIC, FRESHEST)
-SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 class ConfigError(UsageError):
@@ -304,14 +303,17 @@ class WorkersConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class LedgerConfig(Section):
-    """Where events go: a store URL or SQLite path (None: ``DIR/ledger.db``)."""
+    """Where events go: a store URL or SQLite path (None: ``DIR/ledger.db``), and how durably a
+    SQLite ledger commits (``PRAGMA synchronous``; PostgreSQL always commits synchronously)."""
 
     NAME = "ledger"
     url: str | None = None
     synchronous: str = "FULL"
 
     def check(self) -> None:
-        self._choice("synchronous", SYNCHRONOUS)
+        from ledger.store import SQLITE_SYNCHRONOUS
+
+        self._choice("synchronous", SQLITE_SYNCHRONOUS)
 
 
 @dataclasses.dataclass(frozen=True)

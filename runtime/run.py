@@ -88,7 +88,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     session = build_session(config, log=log)  # validates model, data and task first
     config = config.resolved(data_size=session.task.train_size)
     os.makedirs(out, exist_ok=True)
-    store = open_store(ledger_url, create=True)
+    store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
     try:
         if config.run.name in store.runs():
             raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; continue it with "
@@ -117,17 +117,18 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
 
     t_start = time.monotonic()
     rundir = RunDir(out)
-    store = open_store(out)
-    try:
-        run_id = rundir.select_run(store, run_id)
-        report = store.verify(run_id)
+    with open_store(out, readonly=True) as reader:
+        run_id = rundir.select_run(reader, run_id)
+        report = reader.verify(run_id)
         if not report.ok:
             hint = "; `rlx ledger repair` can cut a torn tail" if report.torn_tail else ""
             raise UsageError(f"ledger of run {run_id!r} is corrupt at seq {report.first_bad_seq}: {report.reason}{hint}")
-        first = next(store.read(run_id, 1, 1)).event
-        if not isinstance(first, ev.RunStarted):
-            raise UsageError(f"run {run_id!r} does not start with RunStarted")
-        config = Config.from_dict(first.config)
+        first = next(reader.read(run_id, 1, 1)).event
+    if not isinstance(first, ev.RunStarted):
+        raise UsageError(f"run {run_id!r} does not start with RunStarted")
+    config = Config.from_dict(first.config)
+    store = open_store(out, synchronous=config.ledger.synchronous)
+    try:
         params_url = rundir.logged_params(first.config)
         pstore = ParamStore.open(params_url)
         from runtime.controller import replay
