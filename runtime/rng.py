@@ -17,6 +17,11 @@ Purposes used by the run:
 - :data:`SHUFFLE` (data epoch): the permutation of the training set for one pass over it.
 - :data:`RESAMPLE` (batch, ordinal): the prompt of a group drawn to replace a filtered one.
 - :data:`ROLLOUT` (batch, ordinal, sample): the sampling seed of one rollout.
+- :data:`MODEL_INIT` (): the initial weights of the built-in model.
+- :data:`WARM_START` (): the problems of the supervised warm start's batches.
+- :data:`EVAL_SPLIT` (dataset size): which problems of a task are held out for evaluation.
+- :data:`CODE_FUNCTIONS` (functions): which functions of the program-synthesis task are held out.
+- :data:`CODE_PROBLEM` (held out, index): one generated program-synthesis problem.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ from runtime.errors import UsageError
 SHUFFLE = "data.shuffle"
 RESAMPLE = "data.resample"
 ROLLOUT = "rollout.seed"
+MODEL_INIT = "model.init"
+WARM_START = "pretrain.batches"
+EVAL_SPLIT = "data.eval_split"
+CODE_FUNCTIONS = "codefn.eval_functions"
+CODE_PROBLEM = "codefn.problem"
 
 SEED_BITS = 63
 _SEED_MASK = (1 << SEED_BITS) - 1

@@ -161,6 +161,8 @@ def _initial_model(config: Config):
         return model
     import jax
 
+    from runtime import rng
+    from runtime.inference.sampling import seed_key_data
     from runtime.model import BOS_ID, EOS_ID, PAD_ID, Model, ModelConfig, char_tokenizer
 
     tokenizer = char_tokenizer()
@@ -168,7 +170,9 @@ def _initial_model(config: Config):
     shape = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "path"}
     mc = ModelConfig(vocab_size=tokenizer.get_vocab_size(), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
                      pad_token_id=PAD_ID, **shape)
-    return Model.init(mc, key=jax.random.key(config.run.seed), tokenizer=tokenizer)
+    key = jax.random.wrap_key_data(seed_key_data(rng.derive_seed(config.run.seed, rng.MODEL_INIT)),
+                                   impl="threefry2x32")
+    return Model.init(mc, key=key, tokenizer=tokenizer)
 
 
 def step_config(config: Config, model):

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime import rng
+
 from runtime.model.tokenizer import BOS_ID, EOS_ID
 
 
@@ -126,10 +128,11 @@ class Task(abc.ABC):
 
 
 
-def split_indices(total: int, eval_size: int, seed: int) -> np.ndarray:
-    """A sorted set of ``eval_size`` distinct indices of ``range(total)`` held out for evaluation."""
-    rng = np.random.Generator(np.random.Philox(key=seed))
-    return np.sort(rng.choice(total, size=eval_size, replace=False)).astype(np.int64)
+def split_indices(total: int, eval_size: int, seed: int, purpose: str = rng.EVAL_SPLIT) -> np.ndarray:
+    """A sorted set of ``eval_size`` distinct indices of ``range(total)`` held out for evaluation,
+    drawn from the run's stream ``purpose``."""
+    gen = rng.generator(seed, purpose, total)
+    return np.sort(gen.choice(total, size=eval_size, replace=False)).astype(np.int64)
 
 
 def nth_kept(i: int, excluded_sorted: np.ndarray) -> int:

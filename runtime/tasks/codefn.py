@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from runtime import rng
 from runtime.errors import UsageError
 from runtime.tasks.base import Problem, Scored, Task, split_indices
 
@@ -38,7 +39,7 @@ class CodeFunctions(Task):
         self.problems, self.seed = problems, seed
         functions = len(COEFFICIENTS) * len(OFFSETS)
         # Held-out *functions*, so evaluation measures generalisation, not memorisation.
-        self._eval_functions = set(split_indices(functions, max(1, functions // 10), seed + 1).tolist())
+        self._eval_functions = set(split_indices(functions, max(1, functions // 10), seed, rng.CODE_FUNCTIONS).tolist())
         self._eval_size = eval_size
 
     @property
@@ -60,14 +61,14 @@ class CodeFunctions(Task):
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}; accepted: train, eval")
         held_out = split == "eval"
-        rng = np.random.Generator(np.random.Philox(key=[self.seed * 2 + int(held_out), index]))
+        gen = rng.generator(self.seed, rng.CODE_PROBLEM, int(held_out), index)
         while True:
-            f = int(rng.integers(len(COEFFICIENTS) * len(OFFSETS)))
+            f = int(gen.integers(len(COEFFICIENTS) * len(OFFSETS)))
             if (f in self._eval_functions) == held_out:
                 break
         a, b = COEFFICIENTS[f // len(OFFSETS)], OFFSETS[f % len(OFFSETS)]
-        shown = rng.choice(10, size=3, replace=False)
-        hidden = rng.choice(np.arange(-20, 21), size=HIDDEN_POINTS, replace=False)
+        shown = gen.choice(10, size=3, replace=False)
+        hidden = gen.choice(np.arange(-20, 21), size=HIDDEN_POINTS, replace=False)
         prompt = "".join(f"f({int(x)})={a * int(x) + b};" for x in shown) + "f(x)="
         tests = tuple((int(x), a * int(x) + b) for x in hidden)
         return Problem(prompt=prompt, answer=_expr(a, b), tests=tests, target=_expr(a, b))

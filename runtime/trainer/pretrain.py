@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from runtime import rng
 from runtime.config import PretrainConfig
 from runtime.model import PAD_ID, Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
@@ -81,10 +82,10 @@ def warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, w
     opt = _Adam(config.learning_rate)
     params = jax.tree.map(jnp.array, model.params)
     state = opt.init(params)
-    rng = np.random.Generator(np.random.Philox(key=[seed, 0x5F7]))
+    batches = rng.generator(seed, rng.WARM_START)
     losses = []
     for step in range(config.steps):
-        idx = rng.integers(task.train_size, size=config.batch_size)
+        idx = batches.integers(task.train_size, size=config.batch_size)
         tokens, attention, mask = pack_supervised(task, TextCodec.for_model(model), idx, width)
         params, state, loss = _sft_step(
             params, state, tokens, attention, mask, model_config=model.config, optimizer=opt
@@ -105,7 +106,7 @@ def cache_key(model: Model, task: Task, config: PretrainConfig, seed: int, width
         "pretrain": {"steps": config.steps, "batch_size": config.batch_size,
                      "learning_rate": config.learning_rate, "seed": seed},
         "width": width,
-        "format": 1,
+        "format": 2,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
