@@ -1,7 +1,7 @@
-"""``rlx ledger verify | repair | stats | tail | export | demo``: tools over a ledger.
+"""``rlx ledger verify | repair | stats | tail | export``: tools over a ledger.
 
 Every command takes a store URL, a SQLite file path or a run directory (``DIR/ledger.db``).
-Only ``demo`` and ``export`` create anything (``export`` only the JSON lines it is asked for);
+Only ``export`` creates anything (the JSON lines it is asked for);
 the others never create or modify files they were not asked to (``repair`` modifies the ledger
 it is pointed at, and only to cut a torn tail). ``verify``, ``stats``, ``tail`` and ``export``
 open the ledger read-only, so they work on a read-only mount and never convert a file that is
@@ -59,11 +59,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--out", required=True, help="output directory (or a URL the Beam runner can write)")
     sp.add_argument("--range-events", type=int, default=20_000, help="events per parallel read (default 20000)")
     sp.set_defaults(func=cmd_export, takes_passthrough=True)
-
-    sp = sub.add_parser("demo", help="write a small simulated run into a new ledger and verify it")
-    sp.add_argument("--out", default="runs/ledger-demo", help="run directory (default runs/ledger-demo)")
-    sp.add_argument("--steps", type=int, default=20, help="simulated training steps (default 20)")
-    sp.set_defaults(func=cmd_demo)
 
 
 def _open(target: str, *, create: bool = False, readonly: bool = False):
@@ -245,25 +240,3 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """A simulated run with every event kind, written through the real store, then verified."""
-    import os
-
-    from ledger.demo import write_demo_run
-
-    if args.steps < 1:
-        from runtime.errors import UsageError
-
-        raise UsageError(f"--steps must be >= 1, got {args.steps}")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "ledger.db")
-    with _open(path, create=True) as store:
-        run_id = write_demo_run(store, steps=args.steps)
-        report = store.verify(run_id)
-        stats = store.stats()
-    print(f"wrote run {run_id} to {path}: {report.events} events, head digest {report.head_digest[:16]}, "
-          f"chain {'OK' if report.ok else 'CORRUPT'}")
-    for kind, n in stats["events_by_kind"].items():
-        print(f"  {kind:<20} {n}")
-    print(f"next: rlx ledger verify {args.out}   rlx ledger tail {args.out} --run {run_id}")
-    return 0 if report.ok else 1

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from ledger import open_store
-from ledger.demo import write_demo_run
 from runtime.cli import main
+from tests.ledger.simulated import write_simulated_run
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def run_dir(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
     with open_store(d, create=True) as store:
-        write_demo_run(store, steps=3)
+        write_simulated_run(store)
     return d
 
 
@@ -40,7 +40,7 @@ def _damage(db, seq: int, cut: bool = False) -> None:
 def test_verify_intact_run_dir_file_and_url(capsys, run_dir):
     for target in (str(run_dir), str(run_dir / "ledger.db"), f"sqlite:///{run_dir / 'ledger.db'}"):
         code, out, _ = rlx(capsys, "ledger", "verify", target)
-        assert code == 0 and "run demo-0: OK" in out
+        assert code == 0 and "run sim: OK" in out
     code, out, _ = rlx(capsys, "ledger", "verify", str(run_dir), "--json")
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["runs"][0]["head_seq"] > 100
@@ -62,7 +62,7 @@ def test_verify_names_the_first_bad_seq_of_a_flipped_byte(capsys, run_dir, tmp_p
 
 def test_repair_cuts_a_torn_tail(capsys, run_dir):
     with open_store(run_dir) as store:
-        head = store.head("demo-0").seq
+        head = store.head("sim").seq
     _damage(run_dir / "ledger.db", head, cut=True)
     code, out, _ = rlx(capsys, "ledger", "verify", str(run_dir))
     assert code == 1 and f"CORRUPT at seq {head}" in out and "torn tail" in out
@@ -75,7 +75,7 @@ def test_repair_cuts_a_torn_tail(capsys, run_dir):
 def test_stats_and_tail(capsys, run_dir):
     code, out, _ = rlx(capsys, "ledger", "stats", str(run_dir), "--json")
     stats = json.loads(out)
-    assert code == 0 and stats["runs"] == {"demo-0": stats["events"]}
+    assert code == 0 and stats["runs"] == {"sim": stats["events"]}
     assert stats["events_by_kind"]["RolloutCompleted"] == 3 * 16 and stats["file_bytes"] > 0
     code, out, _ = rlx(capsys, "ledger", "tail", str(run_dir), "-n", "2")
     lines = out.strip().splitlines()
@@ -108,10 +108,12 @@ def test_bad_input_is_one_line_and_creates_nothing(capsys, tmp_path, run_dir, ar
 
 
 def test_console_script_exit_codes(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "ledger", "demo", "--out", str(tmp_path / "d"), "--steps", "2"],
+    (tmp_path / "d").mkdir()
+    with open_store(tmp_path / "d", create=True) as store:
+        write_simulated_run(store)
+    out = subprocess.run([sys.executable, "-m", "runtime.cli", "ledger", "verify", str(tmp_path / "d")],
                          capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert "chain OK" in out.stdout
+    assert out.returncode == 0 and "run sim: OK" in out.stdout, out.stderr
     bad = subprocess.run([sys.executable, "-m", "runtime.cli", "ledger", "verify", str(tmp_path / "none")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("rlx: error:") and "Traceback" not in bad.stderr

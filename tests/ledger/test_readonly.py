@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import LedgerError, RolloutAssigned, StoreUnavailable, open_store
-from ledger.demo import write_demo_run
+from tests.ledger.simulated import write_simulated_run
 from ledger.errors import ReadOnlyStore
 from runtime.cli import main
 from tests.ledger.readonly_mount import ROOT, rlx_readonly, tree_digest, unavailable
@@ -26,7 +26,7 @@ def run_dir(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
     with open_store(d, create=True) as store:
-        write_demo_run(store, steps=2)
+        write_simulated_run(store, steps=2)
     return d
 
 
@@ -147,7 +147,7 @@ def test_postgres_read_only_sessions_and_no_ddl(pg_url):
                                (name,)).fetchone()
     assert tables == (0,)  # the read-only open created nothing
     with open_store(pg_url, create=True) as store:
-        run = write_demo_run(store, steps=1)
+        run = write_simulated_run(store, steps=1)
     with open_store(pg_url, readonly=True) as store:
         head = store.head(run)
         assert store.verify(run).ok and store.runs() == [run]
@@ -192,9 +192,9 @@ def test_every_ledger_reader_works_on_a_read_only_mount(run_dir, tmp_path):
 _CRASHING_WRITER = """
 import os, signal, sys
 from ledger import open_store
-from ledger.demo import write_demo_run
+from tests.ledger.simulated import write_simulated_run
 store = open_store(sys.argv[1], create=True)
-run = write_demo_run(store, steps=2)
+run = write_simulated_run(store, steps=2)
 print(store.head(run).seq, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
