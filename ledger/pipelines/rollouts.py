@@ -90,6 +90,23 @@ class ReadLedger(beam.PTransform):
 DISCARDS, PUBLISHED = "discards", "published"
 
 
+EXPORTED = frozenset({
+    ev.RolloutRequested, ev.RolloutAssigned, ev.RolloutCompleted, ev.RolloutAbandoned, ev.OutcomeRecorded,
+    ev.GroupDiscarded, ev.BatchFormed, ev.TrainStepCompleted, ev.WeightsPublished,
+})
+"""Event kinds whose facts reach the rows (``_facts``, ``_step_facts``)."""
+NOT_EXPORTED: dict[type, str] = {
+    ev.RunStarted: "the config and fingerprint belong to the run, not to a row (the export's caller reads them)",
+    ev.ControllerStarted: "writer epochs are infrastructure: no rollout, version or step fact",
+    ev.WorkerJoined: "a rollout row names its workers through its leases and completion",
+    ev.WorkerLost: "a lost worker's leases appear as the rollout's later attempts",
+    ev.PromptsSampled: "each request carries its prompt index",
+    ev.VersionsRetired: "retention is the parameter store's life cycle, not a fact of a version's rollouts",
+    ev.RunFinished: "the end of the run states no row's fact",
+}
+"""Event kinds no row reads, and why (every kind is one or the other)."""
+
+
 def _facts(item: tuple[int, ev.Event]) -> Iterator[Any]:
     """The facts an event states about rollouts: ``(rollout_id, (seq, tag, value))``; group
     discards and published digests go to their own outputs (they are joined as side inputs)."""

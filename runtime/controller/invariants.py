@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ledger import events as ev
 from ledger.store import StoredEvent
@@ -79,45 +80,42 @@ class _Checker:
             self.incomplete[q.policy_version] -= 1
 
     def run(self, seq: int, e: ev.Event) -> None:
-        kind = type(e)
-        if kind is ev.RunStarted:
-            try:
-                self.spec = ControllerSpec.from_config(e.config, e.seed)
-            except SpecError as err:
-                self.flag("I6", seq, f"RunStarted config unusable: {err}")
-        elif kind is ev.RolloutRequested:
-            self._requested(seq, e)
-        elif kind is ev.RolloutAssigned:
-            for rid in e.rollout_ids:
-                q = self.requests.get(rid)
-                if q is not None and q.policy_version in self.retired:
-                    self.flag("I5", seq, f"rollout {rid} leased after its version {q.policy_version} was retired")
-                self.leases[rid] += 1
-        elif kind is ev.RolloutCompleted:
-            self._completed(seq, e)
-        elif kind is ev.OutcomeRecorded:
-            if e.rollout_id not in self.completed:
-                self.flag("I4", seq, f"outcome for rollout {e.rollout_id}, which has no accepted completion")
-            elif e.rollout_id in self.scored:
-                self.flag("I4", seq, f"second outcome for rollout {e.rollout_id}")
-            self.scored.add(e.rollout_id)
-        elif kind is ev.GroupDiscarded:
-            if e.group_id in self.group_step:
-                self.flag("I3", seq, f"group {e.group_id} discarded after entering batch {self.group_step[e.group_id]}")
-            elif e.group_id not in self.discarded:
-                for rid in self.groups.get(e.group_id, ()):
-                    self._settle(rid)
-            self.discarded.add(e.group_id)
-        elif kind is ev.BatchFormed:
-            self._batch(seq, e)
-        elif kind is ev.TrainStepCompleted:
-            if e.step != self.trained + 1:
-                self.flag("I8", seq, f"step {e.step} completed after step {self.trained}")
-            self.trained = e.step
-        elif kind is ev.WeightsPublished:
-            self._published(seq, e)
-        elif kind is ev.VersionsRetired:
-            self._retired(seq, e)
+        check = _CHECKS.get(type(e))
+        if check is not None:
+            check(self, seq, e)
+
+    def _started(self, seq: int, e: ev.RunStarted) -> None:
+        try:
+            self.spec = ControllerSpec.from_config(e.config, e.seed)
+        except SpecError as err:
+            self.flag("I6", seq, f"RunStarted config unusable: {err}")
+
+    def _assigned(self, seq: int, e: ev.RolloutAssigned) -> None:
+        for rid in e.rollout_ids:
+            q = self.requests.get(rid)
+            if q is not None and q.policy_version in self.retired:
+                self.flag("I5", seq, f"rollout {rid} leased after its version {q.policy_version} was retired")
+            self.leases[rid] += 1
+
+    def _outcome(self, seq: int, e: ev.OutcomeRecorded) -> None:
+        if e.rollout_id not in self.completed:
+            self.flag("I4", seq, f"outcome for rollout {e.rollout_id}, which has no accepted completion")
+        elif e.rollout_id in self.scored:
+            self.flag("I4", seq, f"second outcome for rollout {e.rollout_id}")
+        self.scored.add(e.rollout_id)
+
+    def _discarded(self, seq: int, e: ev.GroupDiscarded) -> None:
+        if e.group_id in self.group_step:
+            self.flag("I3", seq, f"group {e.group_id} discarded after entering batch {self.group_step[e.group_id]}")
+        elif e.group_id not in self.discarded:
+            for rid in self.groups.get(e.group_id, ()):
+                self._settle(rid)
+        self.discarded.add(e.group_id)
+
+    def _trained(self, seq: int, e: ev.TrainStepCompleted) -> None:
+        if e.step != self.trained + 1:
+            self.flag("I8", seq, f"step {e.step} completed after step {self.trained}")
+        self.trained = e.step
 
     def _requested(self, seq: int, e: ev.RolloutRequested) -> None:
         for q in e.samples():
@@ -256,6 +254,31 @@ class _Checker:
                     self.flag("I5", seq, f"retires version {v}, which batch {self.requested_batch + 1} will sample from")
             del self.versions[v]
             self.retired.add(v)
+
+
+_CHECKS: dict[type, Callable[[_Checker, int, Any], None]] = {
+    ev.RunStarted: _Checker._started,
+    ev.RolloutRequested: _Checker._requested,
+    ev.RolloutAssigned: _Checker._assigned,
+    ev.RolloutCompleted: _Checker._completed,
+    ev.OutcomeRecorded: _Checker._outcome,
+    ev.GroupDiscarded: _Checker._discarded,
+    ev.BatchFormed: _Checker._batch,
+    ev.TrainStepCompleted: _Checker._trained,
+    ev.WeightsPublished: _Checker._published,
+    ev.VersionsRetired: _Checker._retired,
+}
+
+NOT_AUDITED: dict[type, str] = {
+    ev.ControllerStarted: "epochs are the store's fencing; replay (I6) re-folds them",
+    ev.WorkerJoined: "worker registration constrains leases only, which replay (I6) re-checks",
+    ev.WorkerLost: "a lost worker's leases go back; replay (I6) re-checks the fold",
+    ev.PromptsSampled: "the prompt stream is re-derived and compared by replay (I6)",
+    ev.RolloutAbandoned: "an abandoned lease changes no invariant; the next attempt is checked (I4)",
+    ev.RunFinished: "the end of the run states no fact the invariants read",
+}
+"""Event kinds the invariant checks read nothing from, and why (every kind is one or the other)."""
+AUDITED = frozenset(_CHECKS)
 
 
 def check(events: Iterable[ev.Event | StoredEvent], *, digest_of: Callable[[int], str | None] | None = None,
