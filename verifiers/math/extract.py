@@ -49,36 +49,37 @@ class Extracted:
 
 
 def boxed_answers(text: str) -> list[str]:
-    """The contents of the outermost ``\\boxed{...}`` groups (and ``\\boxed 5`` tokens), in order.
+    """The contents of the outermost closed ``\\boxed{...}`` groups (and ``\\boxed 5`` tokens
+    outside any group), in order; a box inside a box that never closes counts as outermost.
 
     One pass over the braces with a stack: an unclosed group is never closed and never scanned
     again, so thousands of unclosed ``\\boxed{`` cost linear time.
     """
-    found: list[tuple[int, str]] = []
-    stack: list[bool] = []  # per open brace: does it open a box?
-    open_boxes = 0
+    closed: list[tuple[int, int]] = []  # (where the content starts, where it ends)
+    tokens: list[tuple[int, int]] = []
+    stack: list[tuple[bool, int]] = []  # per open brace: does it open a box, and where
     box_brace_at = -1  # where the brace of the last "\boxed" must be
-    starts: list[int] = []
     for m in _BOX_OR_BRACE.finditer(text):
         if m.group("box") is not None:
             if m.end() < len(text) and text[m.end()] == "{":
                 box_brace_at = m.end()
-            elif open_boxes == 0:  # "\boxed 5": one token
+            else:  # "\boxed 5": one token
                 token = _BOX_TOKEN.match(text, m.end())
                 if token:
-                    found.append((m.start(), token.group(0)))
+                    tokens.append(token.span())
         elif m.group("brace") == "{":
-            is_box = m.start() == box_brace_at
-            stack.append(is_box)
-            starts.append(m.start())
-            open_boxes += is_box
+            stack.append((m.start() == box_brace_at, m.start()))
         elif stack:
-            is_box, start = stack.pop(), starts.pop()
+            is_box, start = stack.pop()
             if is_box:
-                open_boxes -= 1
-                if open_boxes == 0:
-                    found.append((start, text[start + 1 : m.start()]))
-    return [content for _, content in sorted(found)]
+                closed.append((start + 1, m.start()))
+    # closed groups nest or are disjoint: in order of their start, an outer one comes first
+    spans = sorted(closed + tokens)
+    outermost: list[tuple[int, int]] = []
+    for start, end in spans:
+        if not outermost or start > outermost[-1][1]:
+            outermost.append((start, end))
+    return [text[start:end] for start, end in outermost]
 
 
 def _last_boxed(text: str) -> tuple[str, tuple[str, ...]] | None:

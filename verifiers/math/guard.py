@@ -31,7 +31,13 @@ from __future__ import annotations
 import math
 import re
 
-from verifiers.math.exact import MAX_BITS, MAX_CHARS, MAX_NESTING, MAX_ROOT_BITS, TooLarge
+from verifiers.math.exact import (
+    MAX_BITS,
+    MAX_CHARS,
+    MAX_NESTING,
+    MAX_ROOT_BITS,
+    TooLarge,
+)
 
 MAX_TERMS = 1_000  # (x+y+z+1)^{40} has 12341 terms and takes a minute to compare
 MAX_DEGREE = 100  # powers of polynomials in all: (x+1)^{200} already takes 1-2 s to compare
@@ -50,7 +56,7 @@ _CAP = 1e300  # bits beyond MAX_BITS are all "too large"; keep floats finite
 class _Item:
     """What ``check_size`` knows of a piece of text."""
 
-    __slots__ = ("bits", "integer", "variable", "polynomial", "degree", "terms")
+    __slots__ = ("bits", "degree", "integer", "polynomial", "terms", "variable")
 
     def __init__(
         self,

@@ -43,19 +43,22 @@ thread only and turned off here): ``pool.MathVerifier`` runs it in a process it 
 
 from __future__ import annotations
 
-import dataclasses
-import fractions
 import functools
 import importlib.metadata
 import logging
-import re
 
 import sympy
 
-from verifiers.errors import ConfigError
 from verifiers.math import claims
+from verifiers.math.config import MathConfig
 from verifiers.math.exact import MAX_CHARS, TooLarge, evaluate
-from verifiers.math.extract import MAX_RESPONSE_CHARS, Extracted, extract_answer, extract_gold, normalize
+from verifiers.math.extract import (
+    MAX_RESPONSE_CHARS,
+    Extracted,
+    extract_answer,
+    extract_gold,
+    normalize,
+)
 from verifiers.math.guard import check_size
 from verifiers.outcome import Outcome, Verdict
 
@@ -63,12 +66,7 @@ _RULES_VERSION = "2"
 _DIGITS = 60  # working precision when exact simplification cannot decide
 MAX_ALTERNATIVES = 8
 MAX_SIDES = 8
-# a tolerance: a decimal of at most 40 digits with an exponent of at most 3 digits, or p/q
-_TOLERANCE = re.compile(
-    r"^\s*[-+]?(?:(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][-+]?\d{1,3})?|\d{1,400}/\d{1,400})\s*$"
-)
-MAX_TOLERANCE = 10**9
-MIN_TOLERANCE = fractions.Fraction(1, 10**300)  # below it (but above 0) is a mistake
+
 
 
 @functools.cache
@@ -79,62 +77,6 @@ def version() -> str:
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a declared dependency
         mv = "absent"
     return f"math/{_RULES_VERSION}+math-verify/{mv}"
-
-
-def _shown(value: object) -> str:
-    """``value`` for an error message, short whatever its size."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
-        return f"(an integer of {value.bit_length()} bits)"
-    if isinstance(value, str) and len(value) > 60:
-        return repr(value[:57] + "...")
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _fraction(value: object, name: str) -> fractions.Fraction | None:
-    """A tolerance read by a bounded grammar and range, so that no huge number is ever built."""
-    if value is None:
-        return None
-    accepted = (
-        f"give 0 or a number in [1e-300, {MAX_TOLERANCE:.0e}]: a decimal of at most 40 digits and a"
-        " 3-digit exponent, or p/q (e.g. 1e-6, 1/1000)"
-    )
-    f: fractions.Fraction | None = None
-    if isinstance(value, bool):
-        pass
-    elif isinstance(value, int):
-        f = fractions.Fraction(value) if abs(value) <= MAX_TOLERANCE else None
-    elif isinstance(value, float):
-        f = fractions.Fraction(value) if abs(value) <= MAX_TOLERANCE else None  # nan fails too
-    elif isinstance(value, fractions.Fraction):
-        if max(value.numerator.bit_length(), value.denominator.bit_length()) <= 1400:
-            f = value
-    elif isinstance(value, str) and len(value) <= 810 and _TOLERANCE.match(value):
-        f = fractions.Fraction(value.strip())
-    if f is not None and f < 0:
-        raise ConfigError(f"{name} {_shown(value)} is negative; give a tolerance >= 0")
-    if f is None or f > MAX_TOLERANCE or 0 < f < MIN_TOLERANCE:
-        raise ConfigError(f"{name} {_shown(value)} is not accepted; {accepted}")
-    return f
-
-
-@dataclasses.dataclass(frozen=True)
-class MathConfig:
-    """How a math answer is judged.
-
-    Attributes:
-      extract: find the final answer in a free-form response (else the text is the answer).
-      rel_tol: relative tolerance for numbers, exact rational (``"1e-6"``); None: exact.
-      abs_tol: absolute tolerance for numbers; None: exact.
-    """
-
-    extract: bool = True
-    rel_tol: fractions.Fraction | None = None
-    abs_tol: fractions.Fraction | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rel_tol", _fraction(self.rel_tol, "rel_tol"))
-        object.__setattr__(self, "abs_tol", _fraction(self.abs_tol, "abs_tol"))
 
 
 def constants_equal(a: sympy.Expr, b: sympy.Expr, config: MathConfig, prove: bool = True) -> bool | None:
@@ -260,11 +202,11 @@ class _Comparer:
         ans_sides = claims.sides(answer)
         if len(ans_sides) > MAX_SIDES:
             raise _Refused("answer", answer, f"it has more than {MAX_SIDES} sides", too_large=True)
+        if not all(ans_sides):
+            raise _Refused("answer", answer, "an equation side is empty", too_large=False)
         values = [v for v in ans_sides if not claims.is_label(v)] or ans_sides[-1:]
         how = "identical"
         for value in values:
-            if not value:
-                raise _Refused("answer", answer, "an equation side is empty", too_large=False)
             equal, how = self.equal(value, ref_value)
             if not equal:
                 return False, how
