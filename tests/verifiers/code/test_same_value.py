@@ -1,6 +1,5 @@
 """The call-test comparator ``same_value``: exact types, numbers as numbers, tolerance for floats."""
 
-import math
 
 import pytest
 from hypothesis import given, settings
