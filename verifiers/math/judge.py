@@ -68,7 +68,6 @@ MAX_ALTERNATIVES = 8
 MAX_SIDES = 8
 
 
-
 @functools.cache
 def version() -> str:
     """The math verifier's version: its own rules and the math-verify release it leans on."""
