@@ -59,6 +59,6 @@ class Arithmetic(Task):
         return Problem(prompt=f"{a:0{d}d}+{b:0{d}d}=", answer=answer, target=answer)
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
-        from verifiers.math import judge_math
+        from verifiers.math import verify_math
 
-        return [scored(judge_math(p.answer, c)) for p, c in zip(problems, completions, strict=True)]
+        return [scored(verify_math(p.answer, c)) for p, c in zip(problems, completions, strict=True)]

@@ -111,13 +111,13 @@ class JsonlTask(Task):
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
         from verifiers.code import CodeProblem, IOTest, Limits
         from verifiers.code.verify import default_verifier
-        from verifiers.math import judge_math
+        from verifiers.math import verify_math
 
         out: list[Scored | None] = [None] * len(problems)
         code_items, code_at = [], []
         for i, (p, c) in enumerate(zip(problems, completions, strict=True)):
             if p.answer is not None:
-                out[i] = scored(judge_math(p.answer, c))
+                out[i] = scored(verify_math(p.answer, c))
             else:
                 tests = tuple(IOTest(input=a, output=b) for a, b in p.tests)
                 code_items.append((c, CodeProblem(tests, limits=Limits(wall_s=5.0))))

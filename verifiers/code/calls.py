@@ -90,16 +90,30 @@ def failure_verdict(live: LiveRun, failure: SolutionFailed, limits: Limits) -> t
 
 
 def same_value(actual: Any, expected: Any, rel_tol: float, abs_tol: float) -> bool:
-    """Equality of plain data with exact types, except that numbers compare as numbers and a
-    float within ``max(rel_tol * |expected|, abs_tol)`` counts as equal (``bool`` is not a number
-    here: ``True`` never equals ``1``)."""
+    """Equality of plain data with exact types, except that numbers compare as numbers.
+
+    - ``bool`` is not a number here: ``True`` never equals ``1``, at any depth (in lists, dict
+      keys and values, set members).
+    - An expected ``float`` accepts an ``int`` or ``float`` within
+      ``max(rel_tol * |expected|, abs_tol)``; ``nan`` accepts only ``nan``, an infinity only itself.
+    - An expected ``int`` needs exactly that number: an ``int``, or a ``float`` of exactly that
+      value (``2.0`` for ``2``); no tolerance, so ``1e12 + 999.0`` is not ``10**12``.
+    - Dict keys and set members compare exactly (numbers by value, ``nan`` equal to ``nan``), not
+      within a tolerance: they identify entries. Containers need the same type (a tuple is not a
+      list, a set is not a frozenset).
+    """
     ta, te = type(actual), type(expected)
-    if ta in (int, float) and te in (int, float) and (ta is float or te is float):
+    if ta in (int, float) and te in (int, float):
+        if te is int:
+            return actual == expected  # exact, also for an int beyond a float's range
         if math.isnan(expected):
-            return math.isnan(actual)
-        if math.isinf(expected) or math.isinf(actual):
+            return ta is float and math.isnan(actual)
+        if math.isinf(expected) or (ta is float and math.isinf(actual)):
             return actual == expected
-        return abs(actual - expected) <= max(rel_tol * abs(expected), abs_tol)
+        try:
+            return abs(actual - expected) <= max(rel_tol * abs(expected), abs_tol)
+        except OverflowError:  # an int beyond a float's range is no finite float's neighbour
+            return False
     if ta is not te:
         return False
     if ta in (list, tuple):
@@ -107,7 +121,52 @@ def same_value(actual: Any, expected: Any, rel_tol: float, abs_tol: float) -> bo
             same_value(a, e, rel_tol, abs_tol) for a, e in zip(actual, expected)
         )
     if ta is dict:
-        return actual.keys() == expected.keys() and all(
-            same_value(actual[k], expected[k], rel_tol, abs_tol) for k in expected
-        )
+        return _same_dict(actual, expected, rel_tol, abs_tol)
+    if ta in (set, frozenset):
+        return _key_counts(actual) == _key_counts(expected)
     return actual == expected
+
+
+def _key(value: Any) -> tuple:
+    """A hashable, type-tagged identity of a dict key or set member for exact comparison:
+    ``True`` and ``1`` differ, ``1`` and ``1.0`` agree, every ``nan`` agrees with every ``nan``."""
+    t = type(value)
+    if t is bool or value is None:
+        return ("const", value)
+    if t is float and math.isnan(value):
+        return ("nan",)
+    if t in (int, float):
+        return ("number", value)
+    if t is tuple:
+        return ("tuple", tuple(_key(v) for v in value))
+    if t is frozenset:
+        return ("frozenset", frozenset(_key_counts(value).items()))
+    return (t.__name__, value)
+
+
+def _key_counts(values: Any) -> dict[tuple, int]:
+    counts: dict[tuple, int] = {}
+    for v in values:
+        k = _key(v)
+        counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+def _same_dict(actual: dict, expected: dict, rel_tol: float, abs_tol: float) -> bool:
+    """Same keys (exactly, see ``_key``) and, key by key, the same values. Several keys that
+    agree under ``_key`` (only distinct ``nan`` objects can) must match each other's values."""
+    groups: dict[tuple, tuple[list, list]] = {}
+    for side, d in ((0, actual), (1, expected)):
+        for k, v in d.items():
+            groups.setdefault(_key(k), ([], []))[side].append(v)
+    for got, want in groups.values():
+        if len(got) != len(want):
+            return False
+        if len(want) == 1:
+            if not same_value(got[0], want[0], rel_tol, abs_tol):
+                return False
+        elif not (all(any(same_value(a, e, rel_tol, abs_tol) for e in want) for a in got)
+                  and all(any(same_value(a, e, rel_tol, abs_tol) for a in got) for e in want)):
+            return False
+    return True
+

@@ -5,6 +5,11 @@ use ``signal.alarm`` (main thread only; its timeout exception is a ``BaseExcepti
 runs in worker processes (``python -m verifiers.math.worker``, started without ``fork`` so it is
 safe in a threaded server): the caller waits on the worker's pipe with a deadline and, past it,
 kills the worker; the next call starts a fresh one. The verdict for a timeout is ``TLE``.
+
+Most answers never need a worker: ``judge.judge_bounded`` runs first, in the caller's thread,
+and decides every answer that bounded work can (extraction, the exact grammar with its size
+estimates); only answers that need math-verify or symbolic simplification go to a worker. So
+scoring many plain numbers costs no process round trip, and no input can hold the caller.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import threading
 import time
 
 from verifiers.errors import ConfigError
-from verifiers.math.judge import MathConfig, version
+from verifiers.math.judge import MathConfig, judge_bounded, version
 from verifiers.outcome import Outcome, Timings, Verdict
 
 _START_TIMEOUT_S = 120.0  # a fresh worker imports sympy and math-verify; slow on a loaded host
@@ -132,6 +137,10 @@ class MathVerifier:
         if self._closed:
             raise ConfigError("this MathVerifier is closed")
         limit = self.timeout_s if timeout_s is None else float(timeout_s)
+        start = time.monotonic()
+        decided = judge_bounded(gold, response, config)
+        if decided is not None:
+            return dataclasses.replace(decided, timings=Timings(wall_s=time.monotonic() - start))
         request = {
             "gold": gold,
             "response": response,

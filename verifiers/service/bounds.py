@@ -11,17 +11,15 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
-import re
 
 from verifiers.code.limits import MIB, Limits
 from verifiers.errors import ConfigError
+from verifiers.math.config import read_tolerance
 from verifiers._generated import rlx_verifier_pb2 as pb
 
 MAX_SECONDS = 86_400.0  # a day: longer is a typo, and past ~24 days the OS timers overflow
 MAX_REL_TOL = fractions.Fraction(1)
 MAX_ABS_TOL = fractions.Fraction(10**9)
-_DECIMAL = re.compile(r"\d{1,40}(\.\d{1,40})?([eE][-+]?\d{1,3})?")
-_RATIO = re.compile(r"\d{1,40}/\d{1,40}")
 
 
 def seconds(value: float, name: str, maximum: float = MAX_SECONDS) -> float:
@@ -33,17 +31,15 @@ def seconds(value: float, name: str, maximum: float = MAX_SECONDS) -> float:
 
 
 def tolerance(text: str | None, name: str, maximum: fractions.Fraction) -> str | None:
-    """``text`` if it is a tolerance the math judge can use: a plain decimal (exponent of at
-    most 3 digits) or a fraction of two integers, from 0 to ``maximum`` (``MAX_REL_TOL``,
-    ``MAX_ABS_TOL``). Checked on the text first, so no huge number is ever built."""
+    """``text`` if it is a tolerance the math judge can use (``verifiers.math.read_tolerance``'s
+    bounded grammar, so no huge number is ever built) from 0 to ``maximum`` (``MAX_REL_TOL``,
+    ``MAX_ABS_TOL``)."""
     if text is None:
         return None
-    value = None
-    if _DECIMAL.fullmatch(text):
-        value = fractions.Fraction(text)
-    elif _RATIO.fullmatch(text):
-        numerator, denominator = (int(part) for part in text.split("/"))
-        value = fractions.Fraction(numerator, denominator) if denominator else None
+    try:
+        value = read_tolerance(text, name)
+    except ConfigError:
+        value = None
     if value is None or value > maximum:
         shown = text if len(text) <= 40 else text[:40] + "..."
         raise ConfigError(

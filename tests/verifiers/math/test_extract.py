@@ -2,7 +2,12 @@
 
 import pytest
 
-from verifiers.math.extract import extract_answer, extract_gold, normalize
+from verifiers.math.extract import (
+    boxed_answers,
+    extract_answer,
+    extract_gold,
+    normalize,
+)
 
 
 @pytest.mark.parametrize(
@@ -56,3 +61,39 @@ def test_gold_is_taken_whole_unless_marked():
 )
 def test_normalize(raw, clean):
     assert normalize(raw) == clean
+
+
+@pytest.mark.parametrize(
+    "response, text, earlier",
+    [
+        (r"\boxed{3}\boxed{1/2}", "1/2", ("3",)),
+        (r"\boxed{1/2} twice \boxed{1/2}", "1/2", ()),
+        (r"\boxed{1} \boxed{2} \boxed{1} \boxed{3}", "3", ("1", "2")),
+        (r"\boxed{a{b}c} \boxed{", "a{b}c", ()),  # an unclosed box is no answer
+        (r"\boxed{\frac{1}{2}} and \boxed 7", "7", (r"\frac{1}{2}",)),
+    ],
+)
+def test_every_boxed_answer_is_kept(response, text, earlier):
+    found = extract_answer(response)
+    assert (found.text, found.method, found.earlier) == (text, "boxed", earlier)
+
+
+def test_boxed_scan_is_linear():
+    assert boxed_answers(r"\boxed{" * 14_000) == []  # the old scan was quadratic: seconds
+    assert boxed_answers(r"\boxed{" * 14_000 + "1}") == ["1"]  # the only closed box
+    assert boxed_answers("{" * 10_000 + r"\boxed{2}") == ["2"]
+
+
+@pytest.mark.parametrize(
+    "response, text",
+    [
+        ("It is 3/4 or 1/2", "3/4 or 1/2"),
+        ("It is 3/4, or 1/2.", "3/4 or 1/2"),
+        ("maybe 1 or 2 or 3", "1 or 2 or 3"),
+        ("I had 3 apples or more, then 5", "5"),  # "or" not between two numbers
+        ("12 or so apples, total 5", "5"),
+    ],
+)
+def test_hedged_last_number(response, text):
+    found = extract_answer(response)
+    assert (found.text, found.method) == (text, "last_number")

@@ -9,7 +9,8 @@ from verifiers.errors import ConfigError
 from verifiers.math import MathVerifier, judge_math
 from verifiers.outcome import Verdict
 
-HANGS = r"\boxed{99999999!}"  # sympy computes this factorial for minutes
+# within every size bound, but expanding and comparing it takes sympy seconds
+SLOW_GOLD, SLOW = "(x-y-1)^{40}", r"\boxed{(x+y+1)^{40}}"
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def test_timeout_from_a_worker_thread_then_recovers(verifier):
     box = {}
 
     def hostile():
-        box["outcome"] = verifier.verify("7", HANGS, timeout_s=1.0)
+        box["outcome"] = verifier.verify(SLOW_GOLD, SLOW, timeout_s=0.5)
 
     thread = threading.Thread(target=hostile)
     thread.start()
@@ -35,7 +36,7 @@ def test_timeout_from_a_worker_thread_then_recovers(verifier):
     assert not thread.is_alive()
     outcome = box["outcome"]
     assert outcome.verdict is Verdict.TLE
-    assert outcome.detail == "judging took longer than 1 s"
+    assert outcome.detail == "judging took longer than 0.5 s"
     assert verifier.verify("2", r"\boxed{2}").verdict is Verdict.AC
 
 

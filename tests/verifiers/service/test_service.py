@@ -68,15 +68,15 @@ def test_math_outcomes_are_identical(stack, gold, response, config):
 
 def test_math_timeout_through_the_service(stack):
     _, _, client, _ = stack
-    outcome = client.verify_math("7", r"\boxed{99999999!}", timeout_s=1.0)
-    assert outcome.verdict is Verdict.TLE and outcome.detail == "judging took longer than 1 s"
+    outcome = client.verify_math("(x-y-1)^{40}", r"\boxed{(x+y+1)^{40}}", timeout_s=0.5)
+    assert outcome.verdict is Verdict.TLE and outcome.detail == "judging took longer than 0.5 s"
 
 
 def test_health(stack):
     code, _, client, _ = stack
     (health,) = client.health()
     assert health.serving and health.isolation == code.sandbox.level.value and health.slots == 2
-    assert health.code_version == "code/2" and health.math_version.startswith("math/1")
+    assert health.code_version == "code/2" and health.math_version.startswith("math/2")
 
 
 def test_bad_requests_are_config_errors(stack):
@@ -141,7 +141,6 @@ def test_requests_over_the_ceilings_are_refused(strict, program, problem, messag
         ("1", MathConfig(), 6.0, r"^math timeout_s 6.0 must be a number of seconds > 0 and <= 5$"),
         ("1", MathConfig(), float("inf"), r"^math timeout_s inf must be"),
         ("1", MathConfig(), float("nan"), r"^math timeout_s nan must be"),
-        ("1", MathConfig(abs_tol="1e999"), None, r"^abs_tol '1000000000000000000000000000000000000000\.\.\.' must be a decimal"),
         ("1", MathConfig(rel_tol="2"), None, r"^rel_tol '2' must be a decimal like 1e-6 or a fraction like 1/1000, from 0 to 1$"),
     ],
 )
