@@ -336,6 +336,16 @@ class OutcomeRecorded(Event):
     verifier_version: str
     detail: str = ""
 
+    DETAIL_CHARS: ClassVar[int] = 200
+
+    @classmethod
+    def of(cls, rollout_id: int, outcome: Any, reward: float) -> OutcomeRecorded:
+        """The record of a verifier's ``Outcome`` (``verifiers.outcome``) for ``rollout_id``,
+        with the reward the task gives it; its detail is cut to ``DETAIL_CHARS``."""
+        verdict = outcome.verdict
+        return cls(rollout_id, float(reward), bool(outcome.passed), str(getattr(verdict, "value", verdict)),
+                   outcome.verifier, outcome.version, outcome.detail[: cls.DETAIL_CHARS])
+
 
 # --------------------------------------------------------------------------------------------
 # Training and weights

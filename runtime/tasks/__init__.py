@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runtime.errors import UsageError
 from runtime.tasks.arithmetic import Arithmetic
-from runtime.tasks.base import Problem, Scored, Task
+from runtime.tasks.base import Problem, Task
 from runtime.tasks.codefn import CodeFunctions
 from runtime.tasks.jsonl import JsonlTask, load_problems
 
@@ -22,4 +22,4 @@ def make_task(name: str, **params) -> Task:
         raise UsageError(f"bad parameters for task {name!r}: {e}") from None
 
 
-__all__ = ["Arithmetic", "CodeFunctions", "JsonlTask", "Problem", "Scored", "TASKS", "Task", "load_problems", "make_task"]
+__all__ = ["Arithmetic", "CodeFunctions", "JsonlTask", "Problem", "TASKS", "Task", "load_problems", "make_task"]

@@ -11,7 +11,8 @@ import functools
 from collections.abc import Sequence
 
 from runtime.errors import UsageError
-from runtime.tasks.base import Problem, Scored, Task, nth_kept, scored, split_indices
+from runtime.tasks.base import Problem, Task, nth_kept, split_indices
+from verifiers.outcome import Outcome
 
 
 class Arithmetic(Task):
@@ -58,7 +59,7 @@ class Arithmetic(Task):
         answer = str(a + b)
         return Problem(prompt=f"{a:0{d}d}+{b:0{d}d}=", answer=answer, target=answer)
 
-    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
         from verifiers.math import verify_math
 
-        return [scored(verify_math(p.answer, c)) for p, c in zip(problems, completions, strict=True)]
+        return [verify_math(p.answer, c) for p, c in zip(problems, completions, strict=True)]

@@ -18,6 +18,7 @@ import numpy as np
 from runtime import rng
 
 from runtime.model.tokenizer import BOS_ID, EOS_ID
+from verifiers.outcome import Outcome
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,18 +80,6 @@ class Problem:
     target: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Scored:
-    """A verifier's verdict on a completion and the reward derived from it."""
-
-    reward: float
-    passed: bool
-    verdict: str
-    verifier: str
-    verifier_version: str
-    detail: str = ""
-
-
 class Task(abc.ABC):
     """An indexable dataset of problems with a held-out evaluation split."""
 
@@ -111,8 +100,12 @@ class Task(abc.ABC):
         """Problem ``index`` of ``split`` (``"train"`` or ``"eval"``)."""
 
     @abc.abstractmethod
-    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
-        """Verify each completion against its problem."""
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
+        """Verify each completion against its problem: one typed ``Outcome`` each."""
+
+    def reward(self, outcome: Outcome) -> float:
+        """The RL reward of ``outcome``: 1 for AC, else 0 (a task may give partial credit)."""
+        return outcome.reward
 
     @abc.abstractmethod
     def max_prompt_chars(self) -> int:
@@ -143,15 +136,3 @@ def nth_kept(i: int, excluded_sorted: np.ndarray) -> int:
         if x - skipped == i:
             return x
         x = i + skipped
-
-
-def scored(outcome) -> Scored:
-    """A ``Scored`` from a ``verifiers.Outcome`` (reward 1 for AC, else 0)."""
-    return Scored(
-        reward=float(outcome.reward),
-        passed=bool(outcome.passed),
-        verdict=str(getattr(outcome.verdict, "value", outcome.verdict)),
-        verifier=outcome.verifier,
-        verifier_version=outcome.version,
-        detail=outcome.detail[:200],
-    )

@@ -15,7 +15,8 @@ import numpy as np
 
 from runtime import rng
 from runtime.errors import UsageError
-from runtime.tasks.base import Problem, Scored, Task, split_indices
+from runtime.tasks.base import Problem, Task, split_indices
+from verifiers.outcome import Outcome
 
 COEFFICIENTS = [a for a in range(-9, 10) if a != 0]
 OFFSETS = list(range(-30, 31))
@@ -73,7 +74,7 @@ class CodeFunctions(Task):
         tests = tuple((int(x), a * int(x) + b) for x in hidden)
         return Problem(prompt=prompt, answer=_expr(a, b), tests=tests, target=_expr(a, b))
 
-    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
         from verifiers.code import CallTest, CodeProblem, Limits
         from verifiers.code.verify import default_verifier
 
@@ -83,16 +84,9 @@ class CodeFunctions(Task):
             program = f"def f(x):\n    return ({c})\n"
             tests = tuple(CallTest(fn="f", args=(x,), expected=y) for x, y in p.tests)
             items.append((program, CodeProblem(tests, limits=Limits(wall_s=5.0), stop_early=False)))
-        out = []
-        for outcome in verifier.verify_batch(items):
-            passed_tests = sum(1 for t in outcome.tests if t.passed)
-            fraction = passed_tests / max(1, len(outcome.tests)) if outcome.tests else 0.0
-            out.append(Scored(
-                reward=float(fraction),
-                passed=bool(outcome.passed),
-                verdict=str(outcome.verdict.value),
-                verifier=outcome.verifier,
-                verifier_version=outcome.version,
-                detail=outcome.detail[:200],
-            ))
-        return out
+        return verifier.verify_batch(items)
+
+    def reward(self, outcome: Outcome) -> float:
+        """Partial credit: the fraction of the hidden points the program gets right."""
+        passed_tests = sum(1 for t in outcome.tests if t.passed)
+        return passed_tests / len(outcome.tests) if outcome.tests else 0.0

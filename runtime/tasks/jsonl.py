@@ -14,7 +14,8 @@ import os
 from collections.abc import Sequence
 
 from runtime.errors import UsageError
-from runtime.tasks.base import Problem, Scored, Task, scored, split_indices
+from runtime.tasks.base import Problem, Task, split_indices
+from verifiers.outcome import Outcome
 
 
 def _row_problem(path: str, line_no: int, row: object) -> Problem:
@@ -108,21 +109,21 @@ class JsonlTask(Task):
             return self._eval[index]
         raise ValueError(f"unknown split {split!r}; accepted: train, eval")
 
-    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Scored]:
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
         from verifiers.code import CodeProblem, IOTest, Limits
         from verifiers.code.verify import default_verifier
         from verifiers.math import verify_math
 
-        out: list[Scored | None] = [None] * len(problems)
+        out: list[Outcome | None] = [None] * len(problems)
         code_items, code_at = [], []
         for i, (p, c) in enumerate(zip(problems, completions, strict=True)):
             if p.answer is not None:
-                out[i] = scored(verify_math(p.answer, c))
+                out[i] = verify_math(p.answer, c)
             else:
                 tests = tuple(IOTest(input=a, output=b) for a, b in p.tests)
                 code_items.append((c, CodeProblem(tests, limits=Limits(wall_s=5.0))))
                 code_at.append(i)
         if code_items:
             for i, outcome in zip(code_at, default_verifier().verify_batch(code_items), strict=True):
-                out[i] = scored(outcome)
+                out[i] = outcome
         return out  # type: ignore[return-value]

@@ -20,8 +20,5 @@ class TaskVerifier:
     def score(self, tasks: Sequence[ScoreTask]) -> list[OutcomeRecorded]:
         problems = [self.task.problem("train", t.prompt_index) for t in tasks]
         texts = [self.codec.decode(t.completion.tokens) for t in tasks]
-        results = self.task.score(problems, texts)
-        return [
-            OutcomeRecorded(t.rollout_id, r.reward, r.passed, r.verdict, r.verifier, r.verifier_version, r.detail)
-            for t, r in zip(tasks, results, strict=True)
-        ]
+        outcomes = self.task.score(problems, texts)
+        return [OutcomeRecorded.of(t.rollout_id, o, self.task.reward(o)) for t, o in zip(tasks, outcomes, strict=True)]

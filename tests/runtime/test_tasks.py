@@ -47,10 +47,14 @@ def test_codefn_held_out_functions_are_never_trained_and_sandbox_scores_fraction
     p = task.problem("train", 3)
     a = int(p.answer.split("*")[0])
     wrong_offset = f"{a}*x+{1000}"
-    right, wrong, broken = task.score([p, p, p], [p.answer, wrong_offset, "x +"])
-    assert (right.reward, right.passed, right.verdict, right.verifier) == (1.0, True, "AC", "code")
-    assert wrong.reward == 0.0 and wrong.verdict == "WA"
-    assert broken.reward == 0.0 and not broken.passed
+    half = f"({p.answer}) if x > 0 else 10**6"  # right on the positive hidden points only
+    right, wrong, broken, partial = task.score([p] * 4, [p.answer, wrong_offset, "x +", half])
+    assert (task.reward(right), right.passed, right.verdict, right.verifier) == (1.0, True, "AC", "code")
+    assert task.reward(wrong) == 0.0 and wrong.verdict == "WA"
+    assert task.reward(broken) == 0.0 and not broken.passed
+    positive = sum(1 for x, _ in p.tests if x > 0)
+    assert 0 < positive < len(p.tests) and not partial.passed
+    assert task.reward(partial) == positive / len(p.tests)
 
 
 def test_text_codec_round_trip_with_bos_and_eos():
