@@ -112,7 +112,7 @@ class _SqlStore(EventStore):
 
     def __init__(self, url: str, engine: sa.Engine, read_engine: sa.Engine, *, create: bool, readonly: bool,
                  registry: Registry):
-        self.url = url
+        self.url = sa.engine.make_url(url).render_as_string(hide_password=True)  # shown, never the secret
         self.registry = registry
         self.readonly = readonly
         self._engine = engine
@@ -139,7 +139,7 @@ class _SqlStore(EventStore):
             raise LedgerError(f"ledger {self._display()} failed during {what}: {msg}") from e
 
     def _display(self) -> str:
-        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+        return self.url
 
     def _where(self) -> str:
         """The ledger as errors name it."""

@@ -20,8 +20,10 @@ import functools
 import hashlib
 import math
 import os
+import re
 import tomllib
 import typing
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -73,6 +75,34 @@ def _coerce(where: str, value: Any, hint: Any) -> Any:
             return dict(value)
         raise _fail(where, value, "it must be a table of named values")
     raise TypeError(f"unsupported config annotation {hint!r} for {where}")
+
+
+def _redacted(url: str) -> str:
+    """``url`` with the password of its user part and every ``password=`` query value masked."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(":" + parts.password + "@", ":***@", 1)
+    query = re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _without_credentials(where: str, url: str | None) -> None:
+    """Refuse a store URL that carries a password: the resolved config is the run's first ledger
+    event, hash-chained, exported and audited forever, so a secret in it could never be removed."""
+    if url is None or "://" not in url:
+        return
+    try:
+        parts = urllib.parse.urlsplit(url)
+        secret = parts.password is not None or re.search(r"(?i)(^|&)password=", parts.query) is not None
+    except ValueError:
+        raise _fail(where, url, "it must be a well-formed URL") from None
+    if secret:
+        raise ConfigError(
+            f"{where}: {_redacted(url)!r} carries a password, which would be recorded in the run's ledger; "
+            "give the URL without it and the password through the environment (PGPASSWORD) or a password "
+            "file (~/.pgpass or PGPASSFILE)"
+        )
 
 
 class Section:
@@ -314,6 +344,7 @@ class LedgerConfig(Section):
         from ledger.store import SQLITE_SYNCHRONOUS
 
         self._choice("synchronous", SQLITE_SYNCHRONOUS)
+        _without_credentials("ledger.url", self.url)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +357,7 @@ class ParamsConfig(Section):
 
     def check(self) -> None:
         self._at_least("keep_newest", 1)
+        _without_credentials("params.url", self.url)
 
 
 SECTIONS: dict[str, type[Section]] = {

@@ -75,3 +75,19 @@ def test_missing_file_and_bad_toml(tmp_path):
     bad.write_text("[run\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("field", ["ledger.url", "params.url"])
+@pytest.mark.parametrize("url", ["postgresql://rlx:{s}@db.example/rl", "postgresql://rlx@db.example/rl?sslmode=require&password={s}",
+                                 "gs://rlx:{s}@bucket/params"])
+def test_store_urls_with_a_password_are_refused_without_echoing_it(tmp_path, capsys, field, url):
+    """A secret in the config would enter the run's first ledger event forever: refused, one line,
+    the secret masked, nothing created."""
+    from runtime.cli import main
+
+    secret = "hunter2-secret"
+    out = tmp_path / "run"
+    code = main(["run", "--out", str(out), "--set", f'{field}="{url.format(s=secret)}"'])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{field}:" in err and "PGPASSWORD" in err
+    assert secret not in err and not out.exists()

@@ -171,24 +171,31 @@ def test_a_local_hugging_face_checkpoint_and_jsonl_data(tmp_path, cache_dir):
 @pytest.mark.slow
 def test_a_run_on_postgresql_resumes_replays_and_audits_from_its_directory(tmp_path, cache_dir, pg_url):
     """The ledger lives in PostgreSQL: the run directory's ``ledger.json`` names it, so resume,
-    replay, audit and the ledger tools work on the directory alone."""
+    replay, audit and the ledger tools work on the directory alone. The database password comes
+    from the environment (libpq's PGPASSWORD; the test server trusts any) and is written nowhere."""
     out = str(tmp_path / "pg")
+    secret = "s3cret-" + os.urandom(8).hex()
+    env = {**os.environ, "PGPASSWORD": secret}
     first = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]
     for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "run.steps=3", f'ledger.url="{pg_url}"']:
         first += ["--set", o]
-    killed = subprocess.run(first, env={**os.environ, "RLX_FAILPOINTS": "trainer.step@2"}, capture_output=True,
+    killed = subprocess.run(first, env={**env, "RLX_FAILPOINTS": "trainer.step@2"}, capture_output=True,
                             text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not os.path.exists(os.path.join(out, "ledger.db"))
     with open(os.path.join(out, "ledger.json")) as f:
         assert json.load(f) == {"url": pg_url, "run_id": "run"}
     done = subprocess.run([sys.executable, "-m", "runtime.cli", "resume", out, "--no-progress"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert pg_url.split("?")[0] in done.stdout  # the summary names the ledger where it is
     with open_store(pg_url) as store:
         assert store.runs() == ["run"] and store.verify("run").ok
         final = [s.event for s in store.read("run")][-1]
+        bodies = b"".join(r.body for r in store.scan("run", 1, store.head("run").seq))
+    written = [open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(out) for f in fs]
+    for blob in [bodies, *written, (killed.stdout + killed.stderr + done.stdout + done.stderr).encode()]:
+        assert secret.encode() not in blob
     assert main(["audit", out, "check"]) == 0
     assert main(["ledger", "verify", out]) == 0
     from runtime.replay import replay_run
