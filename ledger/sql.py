@@ -130,12 +130,12 @@ class _SqlStore(EventStore):
         except LedgerError:
             raise
         except sa_exc.OperationalError as e:
-            msg = str(e.orig) if e.orig is not None else str(e)
+            msg = " ".join((str(e.orig) if e.orig is not None else str(e)).split())  # one line
             if "locked" in msg or "busy" in msg:
                 raise Busy(f"ledger {self._display()} busy during {what}: {msg}") from e
             raise StoreUnavailable(f"ledger {self._display()} failed during {what}: {msg}") from e
         except sa_exc.DBAPIError as e:
-            msg = str(e.orig) if e.orig is not None else str(e)
+            msg = " ".join((str(e.orig) if e.orig is not None else str(e)).split())
             raise LedgerError(f"ledger {self._display()} failed during {what}: {msg}") from e
 
     def _display(self) -> str:
@@ -520,7 +520,7 @@ class PostgresStore(_SqlStore):
         engine = sa.create_engine(u, pool_pre_ping=True)
         self._listener = None
         try:
-            super().__init__(u.render_as_string(hide_password=False), engine, engine, create=create,
+            super().__init__(url, engine, engine, create=create,
                              readonly=readonly, registry=registry)
         except LedgerError:
             engine.dispose()

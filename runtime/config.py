@@ -29,6 +29,8 @@ from typing import Any
 
 from runtime.errors import UsageError
 
+MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKENS = 1 << 16  # a completion longer than this is a mistake, not a setting
 DETERMINISTIC = "deterministic"
 FRESHEST = "freshest"
 MODES = (DETERMINISTIC, FRESHEST)
@@ -236,6 +238,8 @@ class SamplingConfig(Section):
             raise _fail("sampling.top_p", self.top_p, "it must be in (0, 1]")
         self._at_least("top_k", 0)
         self._at_least("max_tokens", 1)
+        if self.max_tokens > MAX_TOKENS:
+            raise _fail("sampling.max_tokens", self.max_tokens, f"it must be <= {MAX_TOKENS}")
 
     def request(self) -> dict[str, Any]:
         """The sampling parameters every rollout request carries."""
@@ -498,11 +502,22 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
     """Read TOML ``path`` (None: defaults), apply overrides, validate and resolve."""
     data: dict[str, Any] = {}
     if path is not None:
+        where = f"config file {os.fspath(path)!r}"
         try:
             with open(path, "rb") as f:
-                data = tomllib.load(f)
+                raw = f.read(MAX_CONFIG_BYTES + 1)
         except FileNotFoundError:
-            raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from None
+            raise ConfigError(f"{where} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{where} is a directory; give a TOML file") from None
+        except OSError as e:
+            raise ConfigError(f"{where} cannot be read: {e.strerror or e}") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{where} is larger than {MAX_CONFIG_BYTES // 1024} KiB; a config is a small TOML file")
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{where} is not UTF-8 text (byte {e.start}); a config is a TOML file") from None
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {e}") from None
+            raise ConfigError(f"{where} is not valid TOML: {e}") from None
     return Config.from_dict(apply_overrides(data, overrides)).resolved(data_size=data_size)

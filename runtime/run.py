@@ -85,14 +85,12 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     ledger_url = rundir.new_ledger(config.ledger.url)
     params_url = rundir.params(config.params.url)
     t_start = time.monotonic()
-    session = build_session(config, log=log)  # validates model, data and task first
+    _check_new_run(rundir, ledger_url, params_url, config.run.name)  # before anything is built or written
+    session = build_session(config, log=log)  # validates model, data and task
     config = config.resolved(data_size=session.task.train_size)
     os.makedirs(out, exist_ok=True)
     store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
     try:
-        if config.run.name in store.runs():
-            raise UsageError(f"run {config.run.name!r} already exists in {ledger_url}; continue it with "
-                             f"`rlx resume {out}`, or choose another --out or run.name")
         if config.ledger.url is not None:  # resume, replay and audit of `out` find the ledger through it
             rundir.point_to(ledger_url, config.run.name)
         pstore = ParamStore.open(params_url, create=True)
@@ -105,6 +103,34 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log)
     finally:
         store.close()
+
+
+def _check_new_run(rundir: RunDir, ledger_url: str, params_url: str, run_name: str) -> None:
+    """Refuse, before anything is built or written, a run that could not be recorded: an output
+    path that cannot be a directory, a ledger that is not one or cannot be reached, a run name
+    the ledger already holds, a parameter store URL that cannot name a store."""
+    from ledger.store import resolve_url
+    from runtime.params.location import parse_location
+
+    rundir.check_creatable()
+    if "://" not in ledger_url and os.path.isdir(ledger_url):  # resolve_url would look inside it
+        raise UsageError(f"the ledger {ledger_url!r} is a directory; give a ledger file, or another --out")
+    url = resolve_url(ledger_url)
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if os.path.isdir(path):
+            raise UsageError(f"the ledger {path!r} is a directory; give a ledger file, or another --out")
+        existing = open_store(url, readonly=True) if os.path.exists(path) else None
+    else:  # a server: reachable now, not after the model is built
+        existing = open_store(url, create=True)
+    if existing is not None:
+        with existing:
+            if run_name in existing.runs():
+                raise UsageError(f"run {run_name!r} already exists in {existing.url}; continue it with "
+                                 f"`rlx resume {rundir.path}`, or choose another --out or run.name")
+    location = parse_location(params_url)
+    if location.directory is not None and os.path.exists(location.directory) and not os.path.isdir(location.directory):
+        raise UsageError(f"the parameter store {params_url!r} is not a directory")
 
 
 def resume(out: str, *, run_id: str | None = None, progress: bool = True,

@@ -44,6 +44,22 @@ class RunDir:
         pointer = directory_pointer(self.path)
         return None if pointer is None else pointer["run_id"]
 
+    def check_creatable(self) -> None:
+        """Raise ``UsageError`` unless ``path`` is a directory or can be made one (its nearest
+        existing ancestor is a writable directory). Creates nothing."""
+        path = os.path.abspath(self.path)
+        if os.path.exists(path):
+            if not os.path.isdir(path):
+                raise UsageError(f"--out {self.path!r} exists and is not a directory")
+            return
+        parent = os.path.dirname(path)
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise UsageError(f"--out {self.path!r} cannot be created: {parent!r} is not a directory")
+        if not os.access(parent, os.W_OK):
+            raise UsageError(f"--out {self.path!r} cannot be created: {parent!r} is not writable")
+
     def check_exists(self) -> None:
         """Raise ``UsageError`` unless ``path`` is a run directory (a ledger or a pointer to one)."""
         if not os.path.isdir(self.path):

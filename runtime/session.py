@@ -195,7 +195,13 @@ def build_session(config: Config, *, log: Log = print) -> Session:
     task = make_task(config)
     model = _initial_model(config)
     codec = TextCodec.for_model(model)
-    width = task.max_prompt_chars() + (codec.bos_id is not None) + config.sampling.max_tokens
+    longest_prompt = task.max_prompt_chars() + (codec.bos_id is not None)
+    width = longest_prompt + config.sampling.max_tokens
+    positions = model.config.max_position_embeddings
+    if width > positions:
+        raise UsageError(f"sampling.max_tokens {config.sampling.max_tokens} is too large for this model: the longest "
+                         f"prompt ({longest_prompt} tokens) plus it exceeds its {positions} positions "
+                         f"(max_position_embeddings); it must be <= {positions - longest_prompt}")
     warm: dict = {"steps": 0, "cached": False}
     p = config.pretrain
     if p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is

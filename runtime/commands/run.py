@@ -79,8 +79,12 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     config = _config(args)
     if config.pretrain.steps < 1:
         raise UsageError(f"pretrain.steps must be >= 1 for rlx pretrain, got {config.pretrain.steps}")
-    if args.out is not None and os.path.exists(os.path.join(args.out, "config.json")):
-        raise UsageError(f"{args.out!r} already holds a checkpoint (config.json); choose another --out")
+    if args.out is not None:
+        from runtime.rundir import RunDir
+
+        RunDir(args.out).check_creatable()
+        if os.path.exists(os.path.join(args.out, "config.json")):
+            raise UsageError(f"{args.out!r} already holds a checkpoint (config.json); choose another --out")
     console = Console()
     session = build_session(config, log=lambda m: console.print(m))
     rate = session.evaluate(session.model.params, limit=config.pretrain.eval_size)
