@@ -30,6 +30,7 @@ from typing import Any
 from runtime.errors import UsageError
 
 MAX_CONFIG_BYTES = 1 << 20
+NO_VALUE_MODEL = frozenset({"value_clip", "value_coef"})  # objective options only a critic would read
 MAX_TOKENS = 1 << 16  # a completion longer than this is a mistake, not a setting
 DETERMINISTIC = "deterministic"
 FRESHEST = "freshest"
@@ -399,6 +400,10 @@ class Config:
         from kernels.objectives import ALGORITHMS, ObjectiveConfigError, configure
 
         options = dict(self.algorithm.options)
+        for name in sorted(NO_VALUE_MODEL & set(options)):
+            raise _fail(f"algorithm.options.{name}", options[name],
+                        "rlx run trains no value model (GAE runs over a zero baseline), so value-loss options "
+                        "have no effect; leave them out")
         known = {f.name for f in dataclasses.fields(ALGORITHMS[self.algorithm.name])}
         for name, value in (("group_size", self.sampling.group_size), ("max_length", self.sampling.max_tokens)):
             if name in known:

@@ -45,6 +45,8 @@ def test_override_values_are_read_as_toml():
     ("run.steps=x", "run.steps: 'x' is not accepted; it must be an integer"),
     ("noequals", "override: 'noequals' is not accepted"),
     ("data.eval_fraction=0", "data.eval_fraction: 0.0 is not accepted; it must be in (0, 1)"),
+    ("algorithm.options.value_coef=0.5", "algorithm.options.value_coef: 0.5 is not accepted; rlx run trains no value model"),
+    ("ledger.synchronous=SOMETIMES", "ledger.synchronous: 'SOMETIMES' is not accepted; accepted: OFF, NORMAL, FULL, EXTRA"),
 ])
 def test_bad_values_name_the_value_and_what_is_accepted(override, message):
     with pytest.raises(ConfigError) as info:
