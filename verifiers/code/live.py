@@ -3,7 +3,10 @@
 A run is spawned with ``posix_spawn`` (no Python code runs between fork and exec, so it is safe
 from any thread), supervised through one ``selectors`` loop (stdin fed without blocking, stdout
 and stderr read under one output cap, a pidfd for the exit, a wall-clock deadline), then torn
-down: the process tree is killed and every process of the slot's uid is gone and reaped.
+down: the process tree is killed and every process of the slot's uid is gone and reaped, and
+the run's tmpfs is detached. A slot's cgroup (if any) holds the whole run: its first process
+joins it before anything else starts (``cgroups.join_argv``), so its memory and process limits
+bind the run as a whole, and its out-of-memory kills are reported in the result.
 
 Nothing is judged here: a ``RunResult`` says what happened; ``verdict.classify`` decides.
 """
@@ -13,18 +16,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import selectors
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from typing import Mapping
+from typing import Collection, Mapping
 
-from verifiers.code import isolation, processes
-from verifiers.code.isolation import Isolation, StagedFile
+from verifiers.code import cgroups, isolation, mounts, processes, seccomp
+from verifiers.code.isolation import Isolation, RunFs, StagedFile
 
-_FIRST_FILE_FD = 3
+# File descriptors of a namespaces run: bwrap's info pipe, the seccomp program, staged files.
+_INFO_FD, _SECCOMP_FD, _FIRST_FILE_FD = 3, 4, 5
+_CHILD_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """What a run gets from its sandbox: a uid, and where available a cgroup and a tmpfs."""
+
+    uid: int
+    uids: Collection[int]  # every uid of the sandbox (orphans of any of them are reaped)
+    cgroup: cgroups.SlotCgroup | None = None
+    fs: mounts.SlotFs | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +49,8 @@ class RunResult:
 
     ``exit_code`` is None when the run ended by a signal (``signal`` set) or was killed by the
     harness (``timed_out`` or ``output_exceeded``); ``killed`` says the harness sent the kill.
+    ``memory_exceeded``: the run's cgroup had to kill a process of it for memory (the whole run
+    went over ``memory_bytes``); ``forks_refused``: forks its cgroup refused at the process cap.
     """
 
     exit_code: int | None
@@ -43,34 +61,59 @@ class RunResult:
     output_exceeded: bool
     killed: bool
     wall_s: float
+    memory_exceeded: bool = False
+    forks_refused: int = 0
 
 
 class LiveRun:
     """One running sandboxed program and its pipes (made by ``Sandbox.start``)."""
 
-    def __init__(self, level, uid, uids, argv, files, limits, executable):
+    def __init__(self, level: Isolation, slot: Slot, argv, files, limits, executable):
         self.limits = limits
-        self._uid, self._uids = uid, uids
+        self._slot = slot
+        self._uid, self._uids = slot.uid, slot.uids
         self._level = level
         self._run_dir: str | None = None
+        self._info: int | None = None
+        self._usage = (0, 0)
         staged: list[StagedFile] = []
-        file_fds: list[int] = []
+        child_fds: list[tuple[int, int]] = []  # (our fd, the child's fd number)
+        owned: list[int] = []  # closed once the child has its copies
+        stdin_r = stdout_w = stderr_w = -1
+        if slot.cgroup is not None:
+            slot.cgroup.prepare(limits.memory_bytes, limits.processes)
+        if slot.fs is not None:
+            owner = None if level is Isolation.NAMESPACES else slot.uid
+            slot.fs.mount(limits.disk_bytes, limits.inodes, owner=owner)
         try:
             if level is Isolation.NAMESPACES:
+                self._info, info_w = os.pipe()
+                owned.append(info_w)
+                child_fds.append((info_w, _INFO_FD))
+                seccomp_fd = seccomp.program_fd()
+                owned.append(seccomp_fd)
+                child_fds.append((seccomp_fd, _SECCOMP_FD))
                 for i, (name, data) in enumerate(sorted(files.items())):
                     fd = os.memfd_create(f"rlx-{name}")
-                    file_fds.append(fd)
+                    owned.append(fd)
+                    child_fds.append((fd, _FIRST_FILE_FD + i))
                     os.write(fd, data)
                     os.lseek(fd, 0, os.SEEK_SET)
                     mode = 0o555 if name in executable else 0o444
                     staged.append(StagedFile(name, _FIRST_FILE_FD + i, mode))
-                cmd = isolation.namespaces_argv(argv, limits=limits, uid=uid, files=staged)
+                fs = RunFs(slot.fs.work, slot.fs.tmp) if slot.fs is not None else None
+                cmd = isolation.namespaces_argv(
+                    argv, limits=limits, uid=self._uid, files=staged, fs=fs,
+                    seccomp_fd=_SECCOMP_FD, info_fd=_INFO_FD,
+                )
                 env: Mapping[str, str] = {}
             else:
-                self._run_dir = self._make_run_dir(files, executable)
-                env = isolation.fallback_environment(self._run_dir)
-                cmd = ["/usr/bin/env", f"--chdir={self._run_dir}", "--"]
-                cmd += isolation.rlimits_argv(argv, limits=limits, uid=uid)
+                work, tmp = self._make_run_dir(files, executable)
+                env = isolation.environment(work, tmp)
+                cmd = ["/usr/bin/env", f"--chdir={work}", "--"]
+                cmd += isolation.rlimits_argv(argv, limits=limits, uid=self._uid)
+            if slot.cgroup is not None:
+                cmd = cgroups.join_argv(slot.cgroup.procs_files, cmd)
             stdin_r, self._stdin = os.pipe()
             self._stdout, stdout_w = os.pipe()
             self._stderr, stderr_w = os.pipe()
@@ -78,17 +121,21 @@ class LiveRun:
                 (os.POSIX_SPAWN_DUP2, stdin_r, 0),
                 (os.POSIX_SPAWN_DUP2, stdout_w, 1),
                 (os.POSIX_SPAWN_DUP2, stderr_w, 2),
-            ] + [(os.POSIX_SPAWN_DUP2, fd, _FIRST_FILE_FD + i) for i, fd in enumerate(file_fds)]
+            ] + [(os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in child_fds]
             self._start = time.monotonic()
             self.deadline = self._start + limits.wall_s
             with processes.spawn_lock:
                 self.pid = os.posix_spawn(cmd[0], cmd, env, file_actions=actions, setsid=True)
                 processes.register(self.pid)
+        except BaseException:
+            if self._info is not None:
+                os.close(self._info)
+            if slot.fs is not None:
+                slot.fs.detach()
+            raise
         finally:
-            for fd in file_fds:
+            for fd in owned + [fd for fd in (stdin_r, stdout_w, stderr_w) if fd >= 0]:
                 os.close(fd)
-        for fd in (stdin_r, stdout_w, stderr_w):
-            os.close(fd)
         self._pidfd = os.pidfd_open(self.pid)
         os.set_blocking(self._stdin, False)
         self._pending = b""
@@ -108,18 +155,23 @@ class LiveRun:
         self._killed = False
         self._exited_first = False
 
-    def _make_run_dir(self, files, executable) -> str:
-        run_dir = tempfile.mkdtemp(prefix="rlx-run-")
-        os.mkdir(os.path.join(run_dir, "tmp"))
+    def _make_run_dir(self, files, executable) -> tuple[str, str]:
+        """The rlimits level's work dir and ``/tmp``: the slot's tmpfs, else a temp dir."""
+        if self._slot.fs is not None:
+            work, tmp = self._slot.fs.work, self._slot.fs.tmp
+        else:
+            self._run_dir = tempfile.mkdtemp(prefix="rlx-run-")
+            work, tmp = self._run_dir, os.path.join(self._run_dir, "tmp")
+            os.mkdir(tmp)
+            for path in (work, tmp):
+                os.chown(path, self._uid, self._uid)
+                os.chmod(path, 0o700)
         for name, data in files.items():
-            path = os.path.join(run_dir, name)
+            path = os.path.join(work, name)
             with open(path, "wb") as f:
                 f.write(data)
             os.chmod(path, 0o555 if name in executable else 0o444)
-        for path in (run_dir, os.path.join(run_dir, "tmp")):
-            os.chown(path, self._uid, self._uid)
-            os.chmod(path, 0o700)
-        return run_dir
+        return work, tmp
 
     # -- talking to the program ------------------------------------------------------------
 
@@ -228,6 +280,8 @@ class LiveRun:
             _, status = os.waitpid(self.pid, 0)
             self._status = status
             processes.unregister(self.pid)
+            if self._slot.cgroup is not None:
+                self._usage = self._slot.cgroup.usage()
 
     def _kill_tree(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -267,6 +321,8 @@ class LiveRun:
             output_exceeded=self.output_exceeded,
             killed=self._killed and not self._exited_first,
             wall_s=time.monotonic() - self._start,
+            memory_exceeded=self._usage[0] > 0,
+            forks_refused=self._usage[1],
         )
 
     def teardown(self) -> bool:
@@ -282,8 +338,27 @@ class LiveRun:
             self._selector.unregister(self._pidfd)
         os.close(self._pidfd)
         self._selector.close()
+        if self._info is not None:
+            self._reap_init()
         orphans_possible = self._level is Isolation.RLIMITS or not self._exited_first
         clean = processes.sweep(self._uid, self._uids, orphans_possible=orphans_possible)
+        if self._slot.fs is not None:
+            self._slot.fs.detach()
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
         return clean
+
+    def _reap_init(self) -> None:
+        """Reap bwrap's pid-namespace init, which outlives bwrap's outer process (our child)."""
+        assert self._info is not None
+        os.set_blocking(self._info, False)
+        try:
+            info = os.read(self._info, 1 << 12)
+        except BlockingIOError:
+            info = b""
+        finally:
+            os.close(self._info)
+            self._info = None
+        found = _CHILD_PID.search(info)
+        if found is not None:
+            processes.reap_init(int(found.group(1)))
