@@ -113,7 +113,7 @@ class LiveRun:
                 cmd = ["/usr/bin/env", f"--chdir={work}", "--"]
                 cmd += isolation.rlimits_argv(argv, limits=limits, uid=self._uid)
             if slot.cgroup is not None:
-                cmd = cgroups.join_argv(slot.cgroup.procs_files, cmd)
+                cmd = cgroups.join_argv(slot.cgroup.join_files, cmd)
             stdin_r, self._stdin = os.pipe()
             self._stdout, stdout_w = os.pipe()
             self._stderr, stderr_w = os.pipe()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 
-from verifiers.code import Sandbox
+from verifiers.code import Limits, Sandbox
 
 from tests.verifiers.code.conftest import UID_BASE
 
@@ -31,11 +31,20 @@ def zombie_children() -> list[int]:
     return found
 
 
-def test_thousands_of_runs_leave_no_zombies(sandbox):
+def test_thousands_of_runs_leave_no_zombies(namespaces_sandbox):
+    sandbox = namespaces_sandbox
     def one(_: int) -> int | None:
         return sandbox.run(["/usr/bin/true"]).exit_code
 
     with concurrent.futures.ThreadPoolExecutor(sandbox.slots) as pool:
         codes = list(pool.map(one, range(RUNS)))
     assert codes == [0] * RUNS
+    assert zombie_children() == []
+
+
+def test_killed_runs_leave_no_zombies(namespaces_sandbox):
+    limits = Limits(wall_s=0.3)
+    for _ in range(10):
+        result = namespaces_sandbox.run(["/usr/bin/sleep", "30"], limits=limits)
+        assert result.timed_out and result.killed
     assert zombie_children() == []
