@@ -11,12 +11,12 @@ from verifiers.code import processes
 from verifiers.errors import SandboxUnavailable
 
 # Each xdist worker starts its search for free uids elsewhere (the flock would sort it out anyway).
-UID_BASE = 62_000 + 100 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+_UID_BASE = 62_000 + 100 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 
 
 def _sandbox(level: str) -> Sandbox:
     try:
-        return Sandbox(level, slots=2, uid_base=UID_BASE)
+        return Sandbox(level, slots=2, uid_base=_UID_BASE)
     except SandboxUnavailable as e:
         pytest.skip(f"isolation {level!r} unavailable here: {e}")
 

@@ -14,7 +14,7 @@ from verifiers.code.languages import LANGUAGES
 from verifiers.code.sandbox import WeakIsolationRefused
 from verifiers.errors import SandboxUnavailable, VerifierError
 
-from tests.verifiers.code.conftest import UID_BASE
+from tests.verifiers.code.conftest import _UID_BASE
 
 
 @pytest.fixture
@@ -25,14 +25,14 @@ def no_namespaces(monkeypatch):
 
 
 def test_namespaces_work_here_without_the_switch():
-    with Sandbox("auto", slots=1, uid_base=UID_BASE + 40) as sandbox:
+    with Sandbox("auto", slots=1, uid_base=_UID_BASE + 40) as sandbox:
         assert sandbox.level.value == "namespaces"
         assert sandbox.fallback is None
 
 
 def test_auto_refuses_the_weak_level_unless_allowed(no_namespaces):
     with pytest.raises(WeakIsolationRefused) as raised:
-        Sandbox("auto", slots=1, uid_base=UID_BASE + 40)
+        Sandbox("auto", slots=1, uid_base=_UID_BASE + 40)
     assert isinstance(raised.value, SandboxUnavailable) and isinstance(raised.value, VerifierError)
     message = str(raised.value)
     assert "\n" not in message and "rlimits" in message and "allow_weak" in message
@@ -40,7 +40,7 @@ def test_auto_refuses_the_weak_level_unless_allowed(no_namespaces):
 
 def test_auto_falls_back_loudly_when_allowed(no_namespaces):
     with pytest.warns(RuntimeWarning, match="rlimits"):
-        sandbox = Sandbox("auto", slots=1, uid_base=UID_BASE + 40, allow_weak=True)
+        sandbox = Sandbox("auto", slots=1, uid_base=_UID_BASE + 40, allow_weak=True)
     with sandbox:
         assert sandbox.level.value == "rlimits"
         assert sandbox.fallback  # why namespaces were not available
@@ -54,10 +54,10 @@ def test_auto_falls_back_loudly_when_allowed(no_namespaces):
 
 def test_namespaces_by_name_fail_clearly_when_unavailable(no_namespaces):
     with pytest.raises(SandboxUnavailable, match="namespaces"):
-        Sandbox("namespaces", slots=1, uid_base=UID_BASE + 40)
+        Sandbox("namespaces", slots=1, uid_base=_UID_BASE + 40)
 
 
 def test_rlimits_by_name_is_not_a_fallback(no_namespaces, recwarn):
-    with Sandbox("rlimits", slots=1, uid_base=UID_BASE + 40) as sandbox:
+    with Sandbox("rlimits", slots=1, uid_base=_UID_BASE + 40) as sandbox:
         assert sandbox.level.value == "rlimits" and sandbox.fallback is None
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -32,9 +32,9 @@ def problems():
 
 @pytest.fixture(scope="module")
 def pooled():
-    from tests.verifiers.code.conftest import UID_BASE
+    from tests.verifiers.code.conftest import _UID_BASE
 
-    with Sandbox("auto", slots=4, uid_base=UID_BASE + 50) as sandbox:
+    with Sandbox("auto", slots=4, uid_base=_UID_BASE + 50) as sandbox:
         yield CodeVerifier(sandbox)
 
 

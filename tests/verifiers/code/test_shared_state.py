@@ -15,7 +15,7 @@ import pytest
 from verifiers.code import Sandbox
 from verifiers.code.languages import LANGUAGES
 
-from tests.verifiers.code.conftest import UID_BASE
+from tests.verifiers.code.conftest import _UID_BASE
 
 _PRELUDE = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 _STORE = _PRELUDE + (
@@ -39,7 +39,7 @@ def _run(sandbox: Sandbox, source: str) -> str:
 @pytest.fixture(scope="module")
 def one_slot():
     """One slot, so that consecutive runs share a uid (and so the uid's own keyring)."""
-    with Sandbox("namespaces", slots=1, uid_base=UID_BASE + 30) as sandbox:
+    with Sandbox("namespaces", slots=1, uid_base=_UID_BASE + 30) as sandbox:
         yield sandbox
 
 

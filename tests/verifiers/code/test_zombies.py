@@ -9,7 +9,7 @@ import os
 
 from verifiers.code import Limits, Sandbox
 
-from tests.verifiers.code.conftest import UID_BASE
+from tests.verifiers.code.conftest import _UID_BASE
 
 RUNS = 2000
 
