@@ -16,31 +16,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import selectors
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
-from typing import Collection, Mapping
 
-from verifiers.code import cgroups, isolation, mounts, processes, seccomp
-from verifiers.code.isolation import Isolation, RunFs, StagedFile
+from verifiers.code import isolation, launch, processes
+from verifiers.code.isolation import Isolation
+from verifiers.code.launch import Slot
 
-# File descriptors of a namespaces run: bwrap's info pipe, the seccomp program, staged files.
-_INFO_FD, _SECCOMP_FD, _FIRST_FILE_FD = 3, 4, 5
-_CHILD_PID = re.compile(rb'"child-pid"\s*:\s*(\d+)')
-
-
-@dataclasses.dataclass(frozen=True)
-class Slot:
-    """What a run gets from its sandbox: a uid, and where available a cgroup and a tmpfs."""
-
-    uid: int
-    uids: Collection[int]  # every uid of the sandbox (orphans of any of them are reaped)
-    cgroup: cgroups.SlotCgroup | None = None
-    fs: mounts.SlotFs | None = None
+__all__ = ["LiveRun", "RunResult", "Slot"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,47 +59,10 @@ class LiveRun:
         self._slot = slot
         self._uid, self._uids = slot.uid, slot.uids
         self._level = level
-        self._run_dir: str | None = None
-        self._info: int | None = None
         self._usage = (0, 0)
-        staged: list[StagedFile] = []
-        child_fds: list[tuple[int, int]] = []  # (our fd, the child's fd number)
-        owned: list[int] = []  # closed once the child has its copies
+        self._launch = launch.prepare(level, slot, argv, files, limits, executable)
         stdin_r = stdout_w = stderr_w = -1
-        if slot.cgroup is not None:
-            slot.cgroup.prepare(limits.memory_bytes, limits.processes)
-        if slot.fs is not None:
-            owner = None if level is Isolation.NAMESPACES else slot.uid
-            slot.fs.mount(limits.disk_bytes, limits.inodes, owner=owner)
         try:
-            if level is Isolation.NAMESPACES:
-                self._info, info_w = os.pipe()
-                owned.append(info_w)
-                child_fds.append((info_w, _INFO_FD))
-                seccomp_fd = seccomp.program_fd()
-                owned.append(seccomp_fd)
-                child_fds.append((seccomp_fd, _SECCOMP_FD))
-                for i, (name, data) in enumerate(sorted(files.items())):
-                    fd = os.memfd_create(f"rlx-{name}")
-                    owned.append(fd)
-                    child_fds.append((fd, _FIRST_FILE_FD + i))
-                    os.write(fd, data)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    mode = 0o555 if name in executable else 0o444
-                    staged.append(StagedFile(name, _FIRST_FILE_FD + i, mode))
-                fs = RunFs(slot.fs.work, slot.fs.tmp) if slot.fs is not None else None
-                cmd = isolation.namespaces_argv(
-                    argv, limits=limits, uid=self._uid, files=staged, fs=fs,
-                    seccomp_fd=_SECCOMP_FD, info_fd=_INFO_FD,
-                )
-                env: Mapping[str, str] = {}
-            else:
-                work, tmp = self._make_run_dir(files, executable)
-                env = isolation.environment(work, tmp)
-                cmd = ["/usr/bin/env", f"--chdir={work}", "--"]
-                cmd += isolation.rlimits_argv(argv, limits=limits, uid=self._uid)
-            if slot.cgroup is not None:
-                cmd = cgroups.join_argv(slot.cgroup.join_files, cmd)
             stdin_r, self._stdin = os.pipe()
             self._stdout, stdout_w = os.pipe()
             self._stderr, stderr_w = os.pipe()
@@ -121,21 +70,21 @@ class LiveRun:
                 (os.POSIX_SPAWN_DUP2, stdin_r, 0),
                 (os.POSIX_SPAWN_DUP2, stdout_w, 1),
                 (os.POSIX_SPAWN_DUP2, stderr_w, 2),
-            ] + [(os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in child_fds]
+            ] + [(os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in self._launch.child_fds]
             self._start = time.monotonic()
             self.deadline = self._start + limits.wall_s
+            cmd = self._launch.cmd
             with processes.spawn_lock:
-                self.pid = os.posix_spawn(cmd[0], cmd, env, file_actions=actions, setsid=True)
+                self.pid = os.posix_spawn(cmd[0], cmd, self._launch.env, file_actions=actions, setsid=True)
                 processes.register(self.pid)
         except BaseException:
-            if self._info is not None:
-                os.close(self._info)
-            if slot.fs is not None:
-                slot.fs.detach()
+            self._release()
             raise
         finally:
-            for fd in owned + [fd for fd in (stdin_r, stdout_w, stderr_w) if fd >= 0]:
-                os.close(fd)
+            self._launch.close_owned()
+            for fd in (stdin_r, stdout_w, stderr_w):
+                if fd >= 0:
+                    os.close(fd)
         self._pidfd = os.pidfd_open(self.pid)
         os.set_blocking(self._stdin, False)
         self._pending = b""
@@ -154,24 +103,6 @@ class LiveRun:
         self.output_exceeded = False
         self._killed = False
         self._exited_first = False
-
-    def _make_run_dir(self, files, executable) -> tuple[str, str]:
-        """The rlimits level's work dir and ``/tmp``: the slot's tmpfs, else a temp dir."""
-        if self._slot.fs is not None:
-            work, tmp = self._slot.fs.work, self._slot.fs.tmp
-        else:
-            self._run_dir = tempfile.mkdtemp(prefix="rlx-run-")
-            work, tmp = self._run_dir, os.path.join(self._run_dir, "tmp")
-            os.mkdir(tmp)
-            for path in (work, tmp):
-                os.chown(path, self._uid, self._uid)
-                os.chmod(path, 0o700)
-        for name, data in files.items():
-            path = os.path.join(work, name)
-            with open(path, "wb") as f:
-                f.write(data)
-            os.chmod(path, 0o555 if name in executable else 0o444)
-        return work, tmp
 
     # -- talking to the program ------------------------------------------------------------
 
@@ -338,27 +269,22 @@ class LiveRun:
             self._selector.unregister(self._pidfd)
         os.close(self._pidfd)
         self._selector.close()
-        if self._info is not None:
-            self._reap_init()
+        if self._launch.info is not None:
+            pid = launch.init_pid(self._launch.info)
+            self._launch.info = None
+            if pid is not None:
+                processes.reap_init(pid)
         orphans_possible = self._level is Isolation.RLIMITS or not self._exited_first
         clean = processes.sweep(self._uid, self._uids, orphans_possible=orphans_possible)
-        if self._slot.fs is not None:
-            self._slot.fs.detach()
-        if self._run_dir is not None:
-            shutil.rmtree(self._run_dir, ignore_errors=True)
+        self._release()
         return clean
 
-    def _reap_init(self) -> None:
-        """Reap bwrap's pid-namespace init, which outlives bwrap's outer process (our child)."""
-        assert self._info is not None
-        os.set_blocking(self._info, False)
-        try:
-            info = os.read(self._info, 1 << 12)
-        except BlockingIOError:
-            info = b""
-        finally:
-            os.close(self._info)
-            self._info = None
-        found = _CHILD_PID.search(info)
-        if found is not None:
-            processes.reap_init(int(found.group(1)))
+    def _release(self) -> None:
+        """Give back what ``launch.prepare`` took: the info pipe, the tmpfs, a temp dir."""
+        if self._launch.info is not None:
+            os.close(self._launch.info)
+            self._launch.info = None
+        if self._slot.fs is not None:
+            self._slot.fs.detach()
+        if self._launch.run_dir is not None:
+            shutil.rmtree(self._launch.run_dir, ignore_errors=True)

@@ -80,7 +80,10 @@ def _probe(deny_namespaces: bool) -> str | None:
         return f"{isolation.BWRAP} is missing (apt-get install bubblewrap)"
     if os.geteuid() != 0:
         return "the namespaces level must start as root"
-    fd = seccomp.program_fd()
+    try:
+        fd = seccomp.program_fd()
+    except SandboxUnavailable as e:
+        return str(e)
     try:
         done = subprocess.run(
             isolation.probe_argv(seccomp_fd=fd), pass_fds=(fd,), stdin=subprocess.DEVNULL,

@@ -19,7 +19,13 @@ import errno
 import functools
 import os
 
-import pyseccomp
+from verifiers.errors import SandboxUnavailable
+
+try:
+    import pyseccomp
+except (ImportError, RuntimeError) as e:  # RuntimeError: libseccomp.so.2 is not installed
+    pyseccomp = None
+    _MISSING = f"seccomp filters need pyseccomp and libseccomp2 ({e})"
 
 # Each group: why its syscalls are denied. Names are libseccomp's (resolved for the native arch).
 DENIED: dict[str, tuple[str, ...]] = {
@@ -67,6 +73,8 @@ def _deny_namespaces(f: pyseccomp.SyscallFilter) -> None:
 
 
 def _build(namespaces_only: bool) -> pyseccomp.SyscallFilter:
+    if pyseccomp is None:
+        raise SandboxUnavailable(_MISSING)
     f = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
     _deny_namespaces(f)
     if not namespaces_only:
@@ -79,7 +87,10 @@ def _build(namespaces_only: bool) -> pyseccomp.SyscallFilter:
 
 @functools.cache
 def program() -> bytes:
-    """The sandbox's filter as a classic BPF program (``struct sock_filter`` array)."""
+    """The sandbox's filter as a classic BPF program (``struct sock_filter`` array).
+
+    Raises ``SandboxUnavailable`` where libseccomp is missing (then namespaces are not used).
+    """
     return _export(_build(namespaces_only=False))
 
 

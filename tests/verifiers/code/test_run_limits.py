@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from verifiers.code import CodeProblem, CodeVerifier, IOTest, Limits
+from verifiers.code import CodeProblem, IOTest, Limits
 from verifiers.code.languages import LANGUAGES
 from verifiers.outcome import Verdict
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 
-from verifiers.code import Limits, Sandbox
-
-from tests.verifiers.code.conftest import _UID_BASE
+from verifiers.code import Limits
 
 RUNS = 2000
 
