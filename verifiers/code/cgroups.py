@@ -6,7 +6,7 @@ page tables), and counts the out-of-memory kills it had to make, which turns int
 
 Where the machine allows it: cgroup v2 where this process's own cgroup delegates the ``memory``
 and ``pids`` controllers, else cgroup v1 hierarchies of those controllers that are writable (each
-on its own). Detected once; ``Hierarchies.describe`` says what was found. Each slot's cgroup is
+on its own). Detected once; ``describe`` says what was found. Each slot's cgroup is
 made once under this process's own cgroup (so limits above it still hold), its limits written
 only when they change, and a run joins it by a shell that moves itself in before it execs the
 rest of the command line (``join_argv``). In v1 the shell writes ``0`` (itself) to ``tasks``:
@@ -187,8 +187,6 @@ class SlotCgroup:
             except OSError:  # below what the cgroup still holds (page cache of earlier runs)
                 _write(os.path.join(d, "memory.force_empty"), "0")
                 self._set_once(path, str(memory_bytes))
-        with open(os.path.join(d, "memory.max_usage_in_bytes"), "w", encoding="ascii") as f:
-            f.write("0")
 
     def _oom_kills(self) -> int:
         memory = self._dir("memory")
