@@ -81,11 +81,3 @@ class SlotFs:
         """Detach the run's tmpfs; the kernel frees it once no sandbox still sees it."""
         _detach_all(self.root)
 
-
-def available() -> str | None:
-    """None if per-run tmpfs mounts work here, else why not (e.g. no CAP_SYS_ADMIN)."""
-    try:
-        _private_base()
-    except OSError as e:
-        return str(e)
-    return None

@@ -7,6 +7,8 @@ bubblewrap under a seccomp filter that denies creating namespaces, so the probe 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from verifiers.code import Sandbox, sandbox as sandbox_module
@@ -24,10 +26,13 @@ def no_namespaces(monkeypatch):
     monkeypatch.delenv(sandbox_module.NO_NAMESPACES_ENV)
 
 
-def test_namespaces_work_here_without_the_switch():
-    with Sandbox("auto", slots=1, uid_base=_UID_BASE + 40) as sandbox:
-        assert sandbox.level.value == "namespaces"
-        assert sandbox.fallback is None
+def test_namespaces_work_here_without_the_switch(caplog):
+    with caplog.at_level(logging.INFO, logger="verifiers.code.sandbox"):
+        with Sandbox("auto", slots=1, uid_base=_UID_BASE + 40) as sandbox:
+            assert sandbox.level.value == "namespaces"
+            assert sandbox.fallback is None
+    # the one line said at start: the level and how each limit is enforced
+    assert [r.getMessage() for r in caplog.records] == [sandbox.describe()]
 
 
 def test_auto_refuses_the_weak_level_unless_allowed(no_namespaces):
