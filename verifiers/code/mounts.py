@@ -37,10 +37,17 @@ def _detach_all(path: str) -> None:
         pass
 
 
+def _is_mount_point(path: str) -> bool:
+    """Whether something is mounted at ``path`` (a bind of the same file system included,
+    which ``os.path.ismount`` cannot tell)."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        return any(line.split()[4] == path for line in f)
+
+
 def _private_base() -> None:
     os.makedirs(BASE, mode=0o711, exist_ok=True)
     os.chmod(BASE, 0o711)  # the rlimits level's uids must pass through (not list) it
-    if not os.path.ismount(BASE):
+    if not _is_mount_point(BASE):
         _mount(BASE.encode(), BASE, None, _MS_BIND, None)
     _mount(b"none", BASE, None, _MS_PRIVATE, None)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from verifiers.code import CodeProblem, IOTest, Limits
+from verifiers.code import CodeProblem, IOTest, Limits, Sandbox, mounts
 from verifiers.code.languages import LANGUAGES
 from verifiers.outcome import Verdict
 
@@ -104,3 +104,22 @@ def test_the_sandbox_says_which_limits_bind_a_whole_run(sandbox):
     assert enforced["disk"].startswith("per run")
     line = sandbox.describe()
     assert "\n" not in line and sandbox.level.value in line and "memory per run" in line
+
+
+def _mounts_under(base: str) -> list[str]:
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(base)]
+
+
+def test_each_run_gets_a_fresh_tmpfs_and_leaves_no_mount(sandbox):
+    write = "import os\nopen(os.path.join(os.environ['TMPDIR'], 'left'), 'w').close()\nopen('left', 'w').close()\n"
+    look = "import os\nprint(sorted(os.listdir('.')), os.listdir(os.environ['TMPDIR']))\n"
+    argv = LANGUAGES["python"].run
+    for _ in range(sandbox.slots):  # every slot has held a run that left files
+        assert sandbox.run(argv, files={"main.py": write.encode()}).exit_code == 0
+    for _ in range(sandbox.slots):
+        assert sandbox.run(argv, files={"main.py": look.encode()}).stdout == b"['main.py'] []\n"
+    assert _mounts_under(mounts.BASE) == [mounts.BASE]  # the private base only: no run's tmpfs
+    with Sandbox(sandbox.level, slots=1, uid_base=sandbox.uids[-1] + 1):
+        pass
+    assert _mounts_under(mounts.BASE) == [mounts.BASE]  # a second sandbox stacks nothing
