@@ -5,7 +5,7 @@ from verifiers.code.isolation import Isolation
 from verifiers.code.languages import LANGUAGES, Language
 from verifiers.code.limits import Limits
 from verifiers.code.problems import CallTest, CheckScript, CodeProblem, IOTest, load_io_tests
-from verifiers.code.sandbox import RunResult, Sandbox
+from verifiers.code.sandbox import RunResult, Sandbox, WeakIsolationRefused
 from verifiers.code.verify import CodeVerifier, verify_code
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Limits",
     "RunResult",
     "Sandbox",
+    "WeakIsolationRefused",
     "load_io_tests",
     "verify_code",
 ]

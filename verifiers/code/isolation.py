@@ -1,14 +1,16 @@
 """Isolation levels of the code sandbox, and the command lines that build them (pure).
 
 ``namespaces`` (preferred; Debian ``bubblewrap``): new pid, network, ipc and uts namespaces, a
-private file-system view (read-only ``/usr``, fresh ``/proc`` and ``/dev``, size-capped tmpfs work
-dir and ``/tmp``, nothing else of the host), every capability dropped, a non-root uid, rlimits.
-Killing bwrap tears down the pid namespace, so nothing the program started outlives the run.
+private file-system view (read-only ``/usr``, fresh ``/proc`` and ``/dev``, the run's own tmpfs as
+work dir and ``/tmp``, nothing else of the host), every capability dropped, a non-root uid, a
+seccomp filter (``seccomp.py``), rlimits. Killing bwrap tears down the pid namespace, so nothing
+the program started outlives the run.
 
 ``rlimits`` (fallback where namespaces are not allowed): a non-root uid per slot, a new session,
 rlimits, and a harness that kills every process of that uid. The host file system stays visible
 (world-readable files can be read), ``/tmp`` is the run's own directory only by convention
-(``TMPDIR``), and the network is not blocked. Outcomes say which level ran.
+(``TMPDIR``), the network is not blocked and no seccomp filter is loaded. Outcomes say which
+level ran.
 
 The chain run inside either level is ``prlimit`` (rlimits, set while still root so that
 ``RLIMIT_NPROC`` holds for the new uid) then ``setpriv`` (drop to the slot's uid and gid, clear
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from verifiers.code.limits import Limits
 
@@ -82,15 +84,31 @@ def limit_prefix(limits: Limits, uid: int) -> list[str]:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class RunFs:
+    """Host directories of the run's own tmpfs, bound as the work dir and as ``/tmp``."""
+
+    work: str
+    tmp: str
+
+
 def namespaces_argv(
     argv: Sequence[str],
     *,
     limits: Limits,
     uid: int,
     files: Sequence[StagedFile],
+    fs: RunFs | None = None,
+    seccomp_fd: int | None = None,
+    info_fd: int | None = None,
     ro_binds: Sequence[str] = (),
 ) -> list[str]:
-    """The bwrap command line that runs ``argv`` in the namespaces level."""
+    """The bwrap command line that runs ``argv`` in the namespaces level.
+
+    ``fs``: the run's own tmpfs (capped in bytes and inodes); None: bwrap's tmpfs, capped in
+    bytes only. ``seccomp_fd``: a BPF program bwrap loads before the command. ``info_fd``: where
+    bwrap writes the host pid of its pid-namespace init (``child-pid``), which must be reaped.
+    """
     cmd = [
         BWRAP,
         "--unshare-pid",
@@ -108,6 +126,10 @@ def namespaces_argv(
         "--cap-add", "CAP_SETPCAP",
         "--clearenv",
     ]
+    if info_fd is not None:
+        cmd += ["--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     for key, value in environment(WORK_DIR, "/tmp").items():
         cmd += ["--setenv", key, value]
     cmd += [
@@ -119,12 +141,14 @@ def namespaces_argv(
     ]
     for path in ro_binds:
         cmd += ["--ro-bind", path, path]
-    cmd += [
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
-        "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", WORK_DIR,
-    ]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    if fs is not None:
+        cmd += ["--bind", fs.tmp, "/tmp", "--bind", fs.work, WORK_DIR]
+    else:
+        cmd += [
+            "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", WORK_DIR,
+        ]
     for f in files:
         cmd += ["--perms", f"{f.mode:04o}", "--file", str(f.fd), f"{WORK_DIR}/{f.name}"]
     cmd += ["--chdir", WORK_DIR, "--"]
@@ -141,20 +165,6 @@ def kill_uid_argv(uid: int) -> list[str]:
     return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", KILL, "-9", "-1"]
 
 
-def probe_argv() -> list[str]:
+def probe_argv(seccomp_fd: int | None = None) -> list[str]:
     """A trivial namespaces-level run; it succeeds exactly where the level can run."""
-    return namespaces_argv(["/usr/bin/true"], limits=Limits(), uid=65534, files=())
-
-
-def describe(level: Isolation) -> str:
-    """One line naming what a level does and does not isolate (for details and logs)."""
-    if level is Isolation.NAMESPACES:
-        return "namespaces: pid/net/ipc/uts namespaces, private fs view, no caps, non-root uid, rlimits"
-    if level is Isolation.RLIMITS:
-        return "rlimits: non-root uid, new session, rlimits; host fs visible, network not blocked"
-    return "auto"
-
-
-def fallback_environment(run_dir: str) -> Mapping[str, str]:
-    """The environment of a program in the rlimits level (its work dir doubles as HOME)."""
-    return environment(run_dir, f"{run_dir}/tmp")
+    return namespaces_argv(["/usr/bin/true"], limits=Limits(), uid=65534, files=(), seccomp_fd=seccomp_fd)

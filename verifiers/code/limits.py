@@ -8,6 +8,7 @@ import math
 from verifiers.errors import ConfigError
 
 MIB = 1 << 20
+INODE_BYTES = 16 << 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,12 +18,16 @@ class Limits:
     Attributes:
       wall_s: wall-clock seconds before the harness kills the run (TLE).
       cpu_s: CPU seconds (``RLIMIT_CPU``, rounded up to whole seconds; SIGXCPU is a TLE).
-      memory_bytes: address space per process (``RLIMIT_AS``; a MemoryError is an MLE).
+      memory_bytes: memory of the whole run where the sandbox has a memory cgroup (an
+        out-of-memory kill is an MLE), and address space per process (``RLIMIT_AS``; a
+        MemoryError is an MLE).
       output_bytes: stdout plus stderr the harness reads before killing the run (OLE).
-      processes: processes and threads of the run's uid (``RLIMIT_NPROC``): caps fork bombs.
+      processes: processes and threads of the run (``RLIMIT_NPROC`` of its uid, and the pids
+        cgroup where there is one): caps fork bombs.
       file_bytes: largest file the program may write (``RLIMIT_FSIZE``; SIGXFSZ is an RE).
       open_files: file descriptors per process (``RLIMIT_NOFILE``).
-      disk_bytes: size of the private work dir and of the private ``/tmp`` (tmpfs each).
+      disk_bytes: size of the run's own tmpfs, which holds its work dir and ``/tmp``; its inode
+        count is capped too (``inodes``).
     """
 
     wall_s: float = 10.0
@@ -56,6 +61,15 @@ class Limits:
     def cpu_rlimit(self) -> int:
         """``RLIMIT_CPU`` in whole seconds (the kernel's unit), never below the asked limit."""
         return max(1, math.ceil(self.cpu_s))
+
+    @property
+    def inodes(self) -> int:
+        """Files and directories the run's tmpfs may hold: one per 16 KiB of ``disk_bytes``.
+
+        Empty files take no bytes but about 1 KiB of kernel memory each, so a size cap alone
+        does not bound them.
+        """
+        return max(1024, self.disk_bytes // INODE_BYTES)
 
     def scaled(self, factor: float) -> Limits:
         """The same limits with both time bounds multiplied by ``factor`` (e.g. for compiling)."""

@@ -3,7 +3,10 @@
 A run is spawned with ``posix_spawn`` (no Python code runs between fork and exec, so it is safe
 from any thread), supervised through one ``selectors`` loop (stdin fed without blocking, stdout
 and stderr read under one output cap, a pidfd for the exit, a wall-clock deadline), then torn
-down: the process tree is killed and every process of the slot's uid is gone and reaped.
+down: the process tree is killed and every process of the slot's uid is gone and reaped, and
+the run's tmpfs is detached. A slot's cgroup (if any) holds the whole run: its first process
+joins it before anything else starts (``cgroups.join_argv``), so its memory and process limits
+bind the run as a whole, and its out-of-memory kills are reported in the result.
 
 Nothing is judged here: a ``RunResult`` says what happened; ``verdict.classify`` decides.
 """
@@ -17,14 +20,13 @@ import selectors
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
-from typing import Mapping
 
-from verifiers.code import isolation, processes
-from verifiers.code.isolation import Isolation, StagedFile
+from verifiers.code import isolation, launch, processes
+from verifiers.code.isolation import Isolation
+from verifiers.code.launch import Slot
 
-_FIRST_FILE_FD = 3
+__all__ = ["LiveRun", "RunResult", "Slot"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +35,8 @@ class RunResult:
 
     ``exit_code`` is None when the run ended by a signal (``signal`` set) or was killed by the
     harness (``timed_out`` or ``output_exceeded``); ``killed`` says the harness sent the kill.
+    ``memory_exceeded``: the run's cgroup had to kill a process of it for memory (the whole run
+    went over ``memory_bytes``); ``forks_refused``: forks its cgroup refused at the process cap.
     """
 
     exit_code: int | None
@@ -43,34 +47,22 @@ class RunResult:
     output_exceeded: bool
     killed: bool
     wall_s: float
+    memory_exceeded: bool = False
+    forks_refused: int = 0
 
 
 class LiveRun:
     """One running sandboxed program and its pipes (made by ``Sandbox.start``)."""
 
-    def __init__(self, level, uid, uids, argv, files, limits, executable):
+    def __init__(self, level: Isolation, slot: Slot, argv, files, limits, executable):
         self.limits = limits
-        self._uid, self._uids = uid, uids
+        self._slot = slot
+        self._uid, self._uids = slot.uid, slot.uids
         self._level = level
-        self._run_dir: str | None = None
-        staged: list[StagedFile] = []
-        file_fds: list[int] = []
+        self._usage = (0, 0)
+        self._launch = launch.prepare(level, slot, argv, files, limits, executable)
+        stdin_r = stdout_w = stderr_w = -1
         try:
-            if level is Isolation.NAMESPACES:
-                for i, (name, data) in enumerate(sorted(files.items())):
-                    fd = os.memfd_create(f"rlx-{name}")
-                    file_fds.append(fd)
-                    os.write(fd, data)
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    mode = 0o555 if name in executable else 0o444
-                    staged.append(StagedFile(name, _FIRST_FILE_FD + i, mode))
-                cmd = isolation.namespaces_argv(argv, limits=limits, uid=uid, files=staged)
-                env: Mapping[str, str] = {}
-            else:
-                self._run_dir = self._make_run_dir(files, executable)
-                env = isolation.fallback_environment(self._run_dir)
-                cmd = ["/usr/bin/env", f"--chdir={self._run_dir}", "--"]
-                cmd += isolation.rlimits_argv(argv, limits=limits, uid=uid)
             stdin_r, self._stdin = os.pipe()
             self._stdout, stdout_w = os.pipe()
             self._stderr, stderr_w = os.pipe()
@@ -78,17 +70,21 @@ class LiveRun:
                 (os.POSIX_SPAWN_DUP2, stdin_r, 0),
                 (os.POSIX_SPAWN_DUP2, stdout_w, 1),
                 (os.POSIX_SPAWN_DUP2, stderr_w, 2),
-            ] + [(os.POSIX_SPAWN_DUP2, fd, _FIRST_FILE_FD + i) for i, fd in enumerate(file_fds)]
+            ] + [(os.POSIX_SPAWN_DUP2, ours, theirs) for ours, theirs in self._launch.child_fds]
             self._start = time.monotonic()
             self.deadline = self._start + limits.wall_s
+            cmd = self._launch.cmd
             with processes.spawn_lock:
-                self.pid = os.posix_spawn(cmd[0], cmd, env, file_actions=actions, setsid=True)
+                self.pid = os.posix_spawn(cmd[0], cmd, self._launch.env, file_actions=actions, setsid=True)
                 processes.register(self.pid)
+        except BaseException:
+            self._release()
+            raise
         finally:
-            for fd in file_fds:
-                os.close(fd)
-        for fd in (stdin_r, stdout_w, stderr_w):
-            os.close(fd)
+            self._launch.close_owned()
+            for fd in (stdin_r, stdout_w, stderr_w):
+                if fd >= 0:
+                    os.close(fd)
         self._pidfd = os.pidfd_open(self.pid)
         os.set_blocking(self._stdin, False)
         self._pending = b""
@@ -107,19 +103,6 @@ class LiveRun:
         self.output_exceeded = False
         self._killed = False
         self._exited_first = False
-
-    def _make_run_dir(self, files, executable) -> str:
-        run_dir = tempfile.mkdtemp(prefix="rlx-run-")
-        os.mkdir(os.path.join(run_dir, "tmp"))
-        for name, data in files.items():
-            path = os.path.join(run_dir, name)
-            with open(path, "wb") as f:
-                f.write(data)
-            os.chmod(path, 0o555 if name in executable else 0o444)
-        for path in (run_dir, os.path.join(run_dir, "tmp")):
-            os.chown(path, self._uid, self._uid)
-            os.chmod(path, 0o700)
-        return run_dir
 
     # -- talking to the program ------------------------------------------------------------
 
@@ -228,6 +211,8 @@ class LiveRun:
             _, status = os.waitpid(self.pid, 0)
             self._status = status
             processes.unregister(self.pid)
+            if self._slot.cgroup is not None:
+                self._usage = self._slot.cgroup.usage()
 
     def _kill_tree(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -267,6 +252,8 @@ class LiveRun:
             output_exceeded=self.output_exceeded,
             killed=self._killed and not self._exited_first,
             wall_s=time.monotonic() - self._start,
+            memory_exceeded=self._usage[0] > 0,
+            forks_refused=self._usage[1],
         )
 
     def teardown(self) -> bool:
@@ -282,8 +269,22 @@ class LiveRun:
             self._selector.unregister(self._pidfd)
         os.close(self._pidfd)
         self._selector.close()
+        if self._launch.info is not None:
+            pid = launch.init_pid(self._launch.info)
+            self._launch.info = None
+            if pid is not None:
+                processes.reap_init(pid)
         orphans_possible = self._level is Isolation.RLIMITS or not self._exited_first
         clean = processes.sweep(self._uid, self._uids, orphans_possible=orphans_possible)
-        if self._run_dir is not None:
-            shutil.rmtree(self._run_dir, ignore_errors=True)
+        self._release()
         return clean
+
+    def _release(self) -> None:
+        """Give back what ``launch.prepare`` took: the info pipe, the tmpfs, a temp dir."""
+        if self._launch.info is not None:
+            os.close(self._launch.info)
+            self._launch.info = None
+        if self._slot.fs is not None:
+            self._slot.fs.detach()
+        if self._launch.run_dir is not None:
+            shutil.rmtree(self._launch.run_dir, ignore_errors=True)

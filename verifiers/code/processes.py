@@ -6,12 +6,19 @@ an unreaped zombie still counts against its uid's ``RLIMIT_NPROC`` and would mak
 that uid fail to fork (a false RE). Only orphans that belong to the sandbox are reaped (a sandbox
 uid, or a ``bwrap`` the sandbox did not start itself), so other children of this process, such as
 ``subprocess.Popen`` workers, keep their exit statuses.
+
+A namespaces run leaves one orphan even when it ends by itself: bwrap's outer process exits as
+soon as the program's exit code is in, before the pid-namespace init it forked has exited, so
+that init is re-parented to us. ``reap_init`` waits for exactly that process (its pid comes
+from bwrap's ``--info-fd``); left alone, one zombie per run piled up until the host ran out of
+pids.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import select
 import subprocess
 import threading
 import time
@@ -102,11 +109,39 @@ def reap_orphans(sandbox_uids: Collection[int]) -> int:
     return reaped
 
 
+def reap_init(pid: int, timeout_s: float = 5.0) -> bool:
+    """Reap the bwrap pid-namespace init ``pid`` once it has exited; True if it was ours to reap.
+
+    Call only after bwrap's outer process has been collected: by then the init is either our
+    child (re-parented) or already reaped by bwrap. A pidfd pins the process, so a pid reused
+    by something else is never waited for (it is not a ``bwrap`` child of ours).
+    """
+    with spawn_lock:
+        if pid in _own_pids:
+            return False
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False  # already reaped by bwrap
+    try:
+        stat = _stat(pid)
+        if stat is None or stat[0] != "bwrap" or stat[2] != os.getpid():
+            return False
+        select.select([pidfd], [], [], timeout_s)  # it dies with bwrap (--die-with-parent)
+        try:
+            return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG) is not None
+        except ChildProcessError:
+            return False
+    finally:
+        os.close(pidfd)
+
+
 def sweep(uid: int, uids: Collection[int], *, orphans_possible: bool = True) -> bool:
     """Kill and reap every process of ``uid``; True once none is left.
 
     ``orphans_possible=False`` skips the orphan scan while nothing of the uid is left: a bwrap
-    that exited by itself has reaped its pid namespace, so nothing was re-parented to us.
+    that exited by itself has reaped its pid namespace, so nothing of the uid was re-parented
+    to us (its own init is reaped by ``reap_init``).
     """
     for attempt in range(_SURVIVOR_SWEEPS):
         if orphans_possible or attempt:

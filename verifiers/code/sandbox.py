@@ -3,7 +3,13 @@
 A ``Sandbox`` owns a fixed set of slots, one non-root uid each, so concurrent runs never share a
 uid (``RLIMIT_NPROC`` and kill-by-uid are per uid). Each run (``live.LiveRun``) takes a slot and
 gives it back only once every process of its uid is gone and reaped; a uid that cannot be swept
-clean stays out of service. The isolation level is probed once and reported with every outcome.
+clean stays out of service. Where the machine allows it a slot also has its own cgroup (memory
+and process limits of a whole run) and its own tmpfs mount point (size and inode caps).
+
+The isolation level is probed once and reported with every outcome. ``auto`` falling back to the
+weak ``rlimits`` level is never silent: it is refused unless ``allow_weak=True`` (then a
+``RuntimeWarning`` and a log line say why), and ``fallback`` keeps the reason for the record.
+``describe()`` is one line naming the level and how each limit is enforced.
 """
 
 from __future__ import annotations
@@ -11,18 +17,24 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import logging
 import os
 import queue
 import subprocess
+import warnings
 from typing import Iterator, Mapping, Sequence
 
-from verifiers.code import isolation, processes
+from verifiers.code import cgroups, isolation, mounts, processes, seccomp
 from verifiers.code.isolation import Isolation
 from verifiers.code.limits import Limits
-from verifiers.code.live import LiveRun, RunResult
+from verifiers.code.live import LiveRun, RunResult, Slot
 from verifiers.errors import ConfigError, SandboxUnavailable
 
-__all__ = ["LiveRun", "RunResult", "Sandbox", "resolve"]
+__all__ = ["LiveRun", "RunResult", "Sandbox", "WeakIsolationRefused", "probe_namespaces", "resolve"]
+log = logging.getLogger(__name__)
+# Set to "1" to make the namespaces probe fail for real (it runs under a seccomp filter that
+# denies creating namespaces): how tests, including other packages' tests, reach the fallback.
+NO_NAMESPACES_ENV = "RLX_SANDBOX_NO_NAMESPACES"
 _UID_LOCKS = "/run/rlx-sandbox-uids"
 _UID_SEARCH = 10_000
 
@@ -53,21 +65,48 @@ def _claim_uids(slots: int, uid_base: int) -> tuple[list[int], list[int]]:
     raise SandboxUnavailable(f"no {slots} free sandbox uids from {uid_base} up")
 
 
+class WeakIsolationRefused(SandboxUnavailable):
+    """``auto`` found only the weak ``rlimits`` level, which was neither named nor allowed."""
+
+
+def probe_namespaces() -> str | None:
+    """None where the namespaces level runs here, else why not (one line, for the record)."""
+    return _probe(os.environ.get(NO_NAMESPACES_ENV) == "1")
+
+
 @functools.cache
-def _namespaces_work() -> bool:
-    if not (os.path.exists(isolation.BWRAP) and os.geteuid() == 0):
-        return False
+def _probe(deny_namespaces: bool) -> str | None:
+    if not os.path.exists(isolation.BWRAP):
+        return f"{isolation.BWRAP} is missing (apt-get install bubblewrap)"
+    if os.geteuid() != 0:
+        return "the namespaces level must start as root"
+    try:
+        fd = seccomp.program_fd()
+    except SandboxUnavailable as e:
+        return str(e)
     try:
         done = subprocess.run(
-            isolation.probe_argv(), stdin=subprocess.DEVNULL, capture_output=True, timeout=30
+            isolation.probe_argv(seccomp_fd=fd), pass_fds=(fd,), stdin=subprocess.DEVNULL,
+            capture_output=True, timeout=30,
+            preexec_fn=seccomp.deny_namespaces_here if deny_namespaces else None,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"bubblewrap did not run: {e}"
+    finally:
+        os.close(fd)
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else f"bubblewrap exited with status {done.returncode}"
 
 
-def resolve(level: Isolation | str) -> Isolation:
-    """The isolation level to use: the one asked for, or the strongest that works here."""
+def resolve(level: Isolation | str, *, allow_weak: bool = False) -> tuple[Isolation, str | None]:
+    """The isolation level to use, and why it is a fallback (None when it is not one).
+
+    ``auto`` is the strongest level that works here; if that is only ``rlimits``, it raises
+    ``WeakIsolationRefused`` unless ``allow_weak``, and then warns. Naming ``rlimits`` is a
+    choice, not a fallback.
+    """
     try:
         level = Isolation(level)
     except ValueError:
@@ -78,14 +117,46 @@ def resolve(level: Isolation | str) -> Isolation:
             raise SandboxUnavailable(f"{tool} is missing; install util-linux and procps")
     if os.geteuid() != 0:
         raise SandboxUnavailable("the sandbox must start as root to drop each run to its own uid")
-    if level is Isolation.AUTO:
-        return Isolation.NAMESPACES if _namespaces_work() else Isolation.RLIMITS
-    if level is Isolation.NAMESPACES and not _namespaces_work():
+    if level is Isolation.RLIMITS:
+        return level, None
+    why = probe_namespaces()
+    if why is None:
+        return Isolation.NAMESPACES, None
+    if level is Isolation.NAMESPACES:
         raise SandboxUnavailable(
-            "isolation 'namespaces' needs a working bubblewrap (apt-get install bubblewrap) "
-            "and permission to create namespaces; use 'rlimits' or 'auto'"
+            f"isolation 'namespaces' does not work here ({why}): it needs bubblewrap "
+            "(apt-get install bubblewrap) and permission to create namespaces; use 'rlimits' or 'auto'"
         )
-    return level
+    if not allow_weak:
+        raise WeakIsolationRefused(
+            f"isolation 'auto' found only the weak 'rlimits' level here (namespaces: {why}), "
+            "under which programs see the host's files, processes and network; name isolation "
+            "'rlimits' (or pass allow_weak=True) to accept it"
+        )
+    message = f"sandbox isolation 'auto' fell back to the weak 'rlimits' level: {why}"
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    log.warning("%s", message)
+    return Isolation.RLIMITS, why
+
+
+def _slot_cgroups(uids: Sequence[int]) -> tuple[dict[int, cgroups.SlotCgroup], dict[str, str]]:
+    """One cgroup per slot uid where a hierarchy is writable, and controller -> version found."""
+    try:
+        found = cgroups.detect()
+        made = {uid: cgroups.SlotCgroup(found, f"rlx-slot-{uid}") for uid in uids}
+    except OSError as e:
+        log.warning("sandbox cgroups unavailable, limits stay per process: %s", e)
+        return {}, {}
+    return made, cgroups.describe(found)
+
+
+def _slot_fs(uids: Sequence[int]) -> dict[int, mounts.SlotFs]:
+    """One tmpfs mount point per slot uid where this process may mount (else none)."""
+    try:
+        return {uid: mounts.SlotFs(uid) for uid in uids}
+    except OSError as e:
+        log.warning("sandbox tmpfs mounts unavailable, disk inodes stay uncapped: %s", e)
+        return {}
 
 
 class Sandbox:
@@ -96,28 +167,82 @@ class Sandbox:
       slots: how many runs may be live at once (each has its own uid).
       uid_base: the lowest uid to use; slots take the first free ones from there up (no other
         user of the host may own uids in that range).
+      allow_weak: let ``"auto"`` fall back to ``"rlimits"`` (with a warning) instead of raising
+        ``WeakIsolationRefused``.
+
+    Attributes:
+      level: the isolation level in force.
+      fallback: why ``auto`` had to fall back to the weak level; None when it did not.
     """
 
-    def __init__(self, isolation: Isolation | str = Isolation.AUTO, *, slots: int = 4, uid_base: int = 61_000):
+    def __init__(
+        self,
+        isolation: Isolation | str = Isolation.AUTO,
+        *,
+        slots: int = 4,
+        uid_base: int = 61_000,
+        allow_weak: bool = False,
+    ):
         if not isinstance(slots, int) or slots < 1:
             raise ConfigError(f"sandbox slots {slots!r} must be an integer >= 1")
         if not isinstance(uid_base, int) or uid_base < 1000:
             raise ConfigError(f"sandbox uid_base {uid_base!r} must be an integer >= 1000")
-        self.level = resolve(isolation)
+        self.level, self.fallback = resolve(isolation, allow_weak=allow_weak)
         self.uids, self._locks = _claim_uids(slots, uid_base)
+        self._cgroups, self._controllers = _slot_cgroups(self.uids)
+        self._fs = _slot_fs(self.uids)
+        self._slots = {
+            uid: Slot(uid, frozenset(self.uids), self._cgroups.get(uid), self._fs.get(uid))
+            for uid in self.uids
+        }
         self._free: queue.Queue[int] = queue.Queue()
         for uid in self.uids:
             self._free.put(uid)
         processes.become_subreaper()
+        log.info("%s", self.describe())
 
     @property
     def slots(self) -> int:
         return len(self.uids)
 
+    def enforced_limits(self) -> dict[str, str]:
+        """How each limit and each kind of isolation is enforced here (name -> one phrase)."""
+        ns = self.level is Isolation.NAMESPACES
+        memory, pids = self._controllers.get("memory"), self._controllers.get("pids")
+        if self._fs:
+            disk = "per run (own tmpfs capped in bytes and inodes)"
+        elif ns:
+            disk = "per directory (bwrap tmpfs capped in bytes, inodes uncapped)"
+        else:
+            disk = "uncapped (host temp dir; RLIMIT_FSIZE per file)"
+        return {
+            "wall": "per run (harness timer)",
+            "output": "per run (harness)",
+            "cpu": "per process (RLIMIT_CPU)",
+            "memory": f"per run ({memory} memory) and per process (RLIMIT_AS)" if memory
+            else "per process only (RLIMIT_AS; no writable memory cgroup)",
+            "processes": f"per run ({pids} pids, RLIMIT_NPROC of the run's uid)" if pids
+            else "per run (RLIMIT_NPROC of the run's uid)",
+            "disk": disk,
+            "syscalls": "seccomp deny-list (keyring, namespaces, io_uring, bpf, ptrace, mounts)"
+            if ns else "unfiltered (no seccomp)",
+            "files": "private view" if ns else "host file system visible",
+            "network": "own network namespace" if ns else "host network reachable",
+        }
+
+    def describe(self) -> str:
+        """One line: the isolation level (and why it is a fallback) and how limits are enforced."""
+        head = f"sandbox isolation {self.level.value}"
+        if self.fallback is not None:
+            head += f" (fallback: {self.fallback})"
+        return head + "; " + ", ".join(f"{name} {how}" for name, how in self.enforced_limits().items())
+
     def close(self) -> None:
         """Give the slots' uids back to other sandboxes (waits for live runs to end)."""
         for _ in self.uids:
             self._free.get()
+        for cgroup in self._cgroups.values():
+            cgroup.remove()
         for fd in self._locks:
             os.close(fd)
         self._locks = []
@@ -162,7 +287,7 @@ class Sandbox:
         uid = self._free.get()
         live = None
         try:
-            live = LiveRun(self.level, uid, self.uids, argv, files, limits, frozenset(executable))
+            live = LiveRun(self.level, self._slots[uid], argv, files, limits, frozenset(executable))
             yield live
         finally:
             clean = live.teardown() if live is not None else processes.sweep(uid, self.uids)

@@ -1,9 +1,10 @@
 """From what a run did to a verdict: a pure function, checked in the sandbox spec's order.
 
-OLE (output cap) -> TLE (wall kill, SIGXCPU, or a SIGKILL the harness did not send: the only
-one the sandbox arms is the kernel's at the CPU hard limit, one second after SIGXCPU) -> MLE (a
-MemoryError / bad_alloc report, or an abort at the address-space limit) -> RE (non-zero exit or
-a signal) -> the checker, which says AC or WA. The program's own exit code or printed messages
+OLE (output cap) -> TLE (wall kill, SIGXCPU) -> MLE (the run's cgroup killed a process of it
+for memory, whatever the exit status) -> TLE (a SIGKILL neither the harness nor the memory cgroup
+sent: the only one left is the kernel's at the CPU hard limit, one second after SIGXCPU) -> MLE
+(a MemoryError / bad_alloc report, or an abort at the address-space limit) -> RE (non-zero exit
+or a signal) -> the checker, which says AC or WA. The program's own exit code or printed messages
 never make a run pass: at best they make it fail.
 """
 
@@ -31,8 +32,13 @@ def classify(run: RunResult, limits: Limits) -> tuple[Verdict, str] | None:
         return Verdict.OLE, f"output exceeded {limits.output_bytes} bytes"
     if run.timed_out:
         return Verdict.TLE, f"wall time limit of {limits.wall_s:g} s exceeded"
-    if run.signal == signal.SIGXCPU or (run.signal == signal.SIGKILL and not run.killed):
-        return Verdict.TLE, f"CPU time limit of {limits.cpu_rlimit} s exceeded"
+    cpu = Verdict.TLE, f"CPU time limit of {limits.cpu_rlimit} s exceeded"
+    if run.signal == signal.SIGXCPU:
+        return cpu
+    if run.memory_exceeded:
+        return Verdict.MLE, f"memory limit of {limits.memory_bytes} bytes for the whole run exceeded (out-of-memory kill)"
+    if run.signal == signal.SIGKILL and not run.killed:
+        return cpu
     failed = run.signal is not None or run.exit_code != 0
     tail = run.stderr[-4096:]
     if failed and any(marker in tail for marker in _MEMORY_MARKERS):

@@ -52,7 +52,8 @@ class CodeVerifier:
     """Judges programs in a ``Sandbox``; safe to use from many threads.
 
     Args:
-      sandbox: the sandbox to run in; by default a new one with ``isolation`` and ``slots``.
+      sandbox: the sandbox to run in; by default a new one with ``isolation``, ``slots`` and
+        ``allow_weak`` (see ``Sandbox``).
     """
 
     def __init__(
@@ -61,8 +62,11 @@ class CodeVerifier:
         *,
         isolation: Isolation | str = Isolation.AUTO,
         slots: int = 4,
+        allow_weak: bool = False,
     ):
-        self.sandbox = sandbox if sandbox is not None else Sandbox(isolation, slots=slots)
+        if sandbox is None:
+            sandbox = Sandbox(isolation, slots=slots, allow_weak=allow_weak)
+        self.sandbox = sandbox
 
     def verify(self, program: str, problem: CodeProblem) -> Outcome:
         """Judge ``program`` (source text) on every test of ``problem``."""

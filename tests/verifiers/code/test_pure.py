@@ -114,6 +114,10 @@ def test_verdict_order():
     assert classify(_run(exit_code=0, stderr=b"MemoryError"), limits) is None  # a clean exit stays clean
     assert classify(_run(exit_code=3, stderr=b"x\nValueError: bad\n"), limits) == (Verdict.RE, "exit status 3: ValueError: bad")
     assert classify(_run(exit_code=None, signal=signal.SIGSEGV), limits) == (Verdict.RE, "killed by SIGSEGV")
+    # the run's cgroup killed something for memory: MLE even if the main process exited 0
+    assert classify(_run(memory_exceeded=True), limits)[0] is Verdict.MLE
+    assert classify(_run(exit_code=None, signal=signal.SIGKILL, memory_exceeded=True), limits)[0] is Verdict.MLE
+    assert classify(_run(exit_code=None, timed_out=True, killed=True, memory_exceeded=True), limits)[0] is Verdict.TLE
 
 
 def test_namespaces_argv_isolates_everything():
@@ -128,6 +132,12 @@ def test_namespaces_argv_isolates_everything():
     assert argv[-2:] == ["/usr/bin/python3", "main.py"]
     bound = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
     assert bound == ["/usr"]  # nothing of the host but /usr, read-only
+    own = isolation.namespaces_argv(["/usr/bin/true"], limits=Limits(), uid=61234, files=(), seccomp_fd=4,
+                                    info_fd=3, fs=isolation.RunFs("/run/x/work", "/run/x/tmp"))
+    assert own[own.index("--seccomp") + 1] == "4" and own[own.index("--info-fd") + 1] == "3"
+    bound = [(own[i + 1], own[i + 2]) for i, a in enumerate(own) if a == "--bind"]
+    assert bound == [("/run/x/tmp", "/tmp"), ("/run/x/work", "/work")]  # the run's own tmpfs only
+    assert "--tmpfs" not in own
 
 
 def test_limits_validation_names_the_value():

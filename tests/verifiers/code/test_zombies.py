@@ -1,0 +1,48 @@
+"""Thousands of runs leave no zombie behind (finding: every namespaces run that exited by itself
+left its ``bwrap`` pid-namespace init as an unreaped zombie of the verifier, until the host ran
+out of pids)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+from verifiers.code import Limits
+
+RUNS = 2000
+
+
+def zombie_children() -> list[int]:
+    """Zombies whose parent is this process (the sandbox's subreaper)."""
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        state, ppid = raw[raw.rfind(")") + 2 :].split()[:2]
+        if state == "Z" and int(ppid) == me:
+            found.append(int(name))
+    return found
+
+
+def test_thousands_of_runs_leave_no_zombies(namespaces_sandbox):
+    sandbox = namespaces_sandbox
+    def one(_: int) -> int | None:
+        return sandbox.run(["/usr/bin/true"]).exit_code
+
+    with concurrent.futures.ThreadPoolExecutor(sandbox.slots) as pool:
+        codes = list(pool.map(one, range(RUNS)))
+    assert codes == [0] * RUNS
+    assert zombie_children() == []
+
+
+def test_killed_runs_leave_no_zombies(namespaces_sandbox):
+    limits = Limits(wall_s=0.3)
+    for _ in range(10):
+        result = namespaces_sandbox.run(["/usr/bin/sleep", "30"], limits=limits)
+        assert result.timed_out and result.killed
+    assert zombie_children() == []
