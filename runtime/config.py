@@ -337,6 +337,24 @@ class WorkersConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class VerifierConfig(Section):
+    """The code sandbox of tasks with code tests: its isolation level and how many programs run
+    at once (``slots``). ``auto`` takes the strongest level this machine allows and refuses to
+    fall back to the weak ``rlimits`` level, under which a program can read the host's files and
+    reach its servers; naming ``rlimits`` accepts that."""
+
+    NAME = "verifier"
+    isolation: str = "auto"
+    slots: int = 4
+
+    def check(self) -> None:
+        from verifiers.code import Isolation
+
+        self._choice("isolation", [level.value for level in Isolation])
+        self._at_least("slots", 2)  # a check script runs beside the program it checks
+
+
+@dataclasses.dataclass(frozen=True)
 class LedgerConfig(Section):
     """Where events go: a store URL or SQLite path (None: ``DIR/ledger.db``), and how durably a
     SQLite ledger commits (``PRAGMA synchronous``; PostgreSQL always commits synchronously)."""
@@ -368,7 +386,7 @@ class ParamsConfig(Section):
 SECTIONS: dict[str, type[Section]] = {
     cls.NAME: cls
     for cls in (RunConfig, ModelConfig, PretrainConfig, DataConfig, SamplingConfig, AlgorithmConfig,
-                SchedulingConfig, TrainerConfig, WorkersConfig, LedgerConfig, ParamsConfig)
+                SchedulingConfig, TrainerConfig, WorkersConfig, VerifierConfig, LedgerConfig, ParamsConfig)
 }
 
 
@@ -385,6 +403,7 @@ class Config:
     scheduling: SchedulingConfig = dataclasses.field(default_factory=SchedulingConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     workers: WorkersConfig = dataclasses.field(default_factory=WorkersConfig)
+    verifier: VerifierConfig = dataclasses.field(default_factory=VerifierConfig)
     ledger: LedgerConfig = dataclasses.field(default_factory=LedgerConfig)
     params: ParamsConfig = dataclasses.field(default_factory=ParamsConfig)
 

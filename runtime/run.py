@@ -97,7 +97,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         retirer = _Retirer(pstore)
         ctrl = ControllerLoop.create(
             store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
-            seed=config.run.seed, fingerprint=fingerprint(), lease_timeout_s=config.workers.lease_timeout_s,
+            seed=config.run.seed, fingerprint=fingerprint(session.sandbox), lease_timeout_s=config.workers.lease_timeout_s,
             on_retire=retirer,
         )
         return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log)
@@ -173,7 +173,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
                 f"version {state.latest} is in the ledger but missing from the parameter store {params_url}; "
                 "`rlx replay` re-derives it"
             )
-        here = fingerprint()
+        here = fingerprint(session.sandbox)
         changed = fingerprint_diff(first.fingerprint, here)
         if changed:
             what = ", ".join(f"{k} {v['recorded']!r} → {v['current']!r}" for k, v in changed.items())

@@ -24,8 +24,9 @@ from runtime.errors import UsageError
 Log = Callable[[str], None]
 
 
-def fingerprint() -> dict:
-    """The software/hardware stack the run's bits depend on (recorded in ``RunStarted``)."""
+def fingerprint(sandbox: str | None = None) -> dict:
+    """The software/hardware stack the run's bits depend on (recorded in ``RunStarted``), and the
+    code sandbox's isolation and limits (``sandbox``) when the run's task runs code."""
     import jax
     import jaxlib
 
@@ -49,6 +50,7 @@ def fingerprint() -> dict:
         "cpu": cpu,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **({} if sandbox is None else {"sandbox": sandbox}),
     }
 
 
@@ -114,6 +116,8 @@ class Session:
       shape: the inference engine's shape.
       engine: the first engine of that shape.
       step_config: the train step's static configuration.
+      sandbox: the code sandbox's one-line description (level, how each limit binds), or None
+        when the task runs no code.
       warm_start: what the warm start did (steps, whether it came from the cache, its checkpoint).
     """
 
@@ -126,6 +130,7 @@ class Session:
     shape: EngineShape
     engine: Any
     step_config: Any
+    sandbox: str | None
     warm_start: dict
 
     def new_engine(self):
@@ -187,12 +192,31 @@ def step_config(config: Config, model):
     )
 
 
-def build_session(config: Config, *, log: Log = print) -> Session:
-    """Task, tokenizer, initial model (after the supervised warm start), engine and step config."""
+def build_session(config: Config, *, log: Log = print, judge: bool = True) -> Session:
+    """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
+
+    With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
+    isolation level stops the run before anything is trained; a replay, which re-trains from
+    logged outcomes and judges nothing, passes False.
+    """
     from runtime.tasks.base import TextCodec
     from runtime.trainer.pretrain import cached_warm_start
 
     task = make_task(config)
+    sandbox = None
+    if judge and task.has_code:  # the isolation is settled (or refused) before anything is trained
+        from verifiers.code import CodeVerifier, WeakIsolationRefused
+
+        try:
+            task.code_verifier = CodeVerifier(isolation=config.verifier.isolation, slots=config.verifier.slots)
+        except WeakIsolationRefused:
+            from verifiers.code.sandbox import probe_namespaces
+
+            raise UsageError(f"verifier.isolation 'auto' found only the weak 'rlimits' level here "
+                             f"({probe_namespaces()}), under which programs see the host's files, processes and "
+                             "network; set verifier.isolation=\"rlimits\" to accept it") from None
+        sandbox = task.code_verifier.sandbox.describe()
+        log(f"code sandbox: {sandbox}")
     model = _initial_model(config)
     codec = TextCodec.for_model(model)
     longest_prompt = task.max_prompt_chars() + (codec.bos_id is not None)
@@ -211,7 +235,7 @@ def build_session(config: Config, *, log: Log = print) -> Session:
         warm = {"steps": p.steps, "cached": cached, "checkpoint": path}
     shape = EngineShape.for_run(config, width)
     return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model),
-                   step_config(config, model), warm)
+                   step_config(config, model), sandbox, warm)
 
 
 __all__ = ["EngineShape", "Session", "build_session", "fingerprint", "make_task", "step_config"]

@@ -66,7 +66,9 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
         return report([Divergence("ledger", c.first_bad_seq or 0, source.first_bad_kind or "missing", "chain",
                                   f"hash chain: {c.reason}")])
     plan = plan_replay(source.events)
-    fp = fingerprint_diff(plan.run.fingerprint, fingerprint())
+    # Replay re-trains from logged outcomes and judges nothing: the code sandbox is not compared.
+    recorded = {k: v for k, v in plan.run.fingerprint.items() if k != "sandbox"}
+    fp = fingerprint_diff(recorded, fingerprint())
     if fp:
         warn(f"the environment differs from the one recorded in RunStarted ({', '.join(fp)}): "
              "bits may differ on another stack")
@@ -159,7 +161,7 @@ class _Rerun:
 
         self.plan, self.pstore, self.log = plan, pstore, log
         config = Config.from_dict(plan.run.config)
-        self.session = session = build_session(config, log=log)
+        self.session = session = build_session(config, log=log, judge=False)
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,

@@ -81,9 +81,30 @@ class Problem:
 
 
 class Task(abc.ABC):
-    """An indexable dataset of problems with a held-out evaluation split."""
+    """An indexable dataset of problems with a held-out evaluation split.
+
+    A task with code tests (``has_code``) runs them with ``code_verifier``, which the session
+    sets from the run's ``verifier`` section (None: the process-wide default verifier).
+    """
 
     name: str
+    code_verifier: Any = None
+
+    @property
+    def has_code(self) -> bool:
+        """Whether some problem is checked by running code (in the sandbox)."""
+        return False
+
+    def supervised_indices(self) -> np.ndarray | None:
+        """The training problems that have a ``target`` for the warm start; None: all of them."""
+        return None
+
+    def _code_verifier(self) -> Any:
+        if self.code_verifier is None:
+            from verifiers.code.verify import default_verifier
+
+            return default_verifier()
+        return self.code_verifier
 
     @property
     @abc.abstractmethod

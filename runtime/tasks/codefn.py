@@ -76,15 +76,18 @@ class CodeFunctions(Task):
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
         from verifiers.code import CallTest, CodeProblem, Limits
-        from verifiers.code.verify import default_verifier
 
-        verifier = default_verifier()
+        verifier = self._code_verifier()
         items = []
         for p, c in zip(problems, completions, strict=True):
             program = f"def f(x):\n    return ({c})\n"
             tests = tuple(CallTest(fn="f", args=(x,), expected=y) for x, y in p.tests)
             items.append((program, CodeProblem(tests, limits=Limits(wall_s=5.0), stop_early=False)))
         return verifier.verify_batch(items)
+
+    @property
+    def has_code(self) -> bool:
+        return True
 
     def reward(self, outcome: Outcome) -> float:
         """Partial credit: the fraction of the hidden points the program gets right."""

@@ -13,6 +13,8 @@ import json
 import os
 from collections.abc import Sequence
 
+import numpy as np
+
 from runtime.errors import UsageError
 from runtime.tasks.base import Problem, Task, split_indices
 from verifiers.outcome import Outcome
@@ -109,9 +111,15 @@ class JsonlTask(Task):
             return self._eval[index]
         raise ValueError(f"unknown split {split!r}; accepted: train, eval")
 
+    def supervised_indices(self) -> np.ndarray:
+        return np.asarray([i for i, p in enumerate(self._train) if p.target is not None], np.int64)
+
+    @property
+    def has_code(self) -> bool:
+        return any(p.tests for p in (*self._train, *self._eval))
+
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
         from verifiers.code import CodeProblem, IOTest, Limits
-        from verifiers.code.verify import default_verifier
         from verifiers.math import verify_math
 
         out: list[Outcome | None] = [None] * len(problems)
@@ -124,6 +132,6 @@ class JsonlTask(Task):
                 code_items.append((c, CodeProblem(tests, limits=Limits(wall_s=5.0))))
                 code_at.append(i)
         if code_items:
-            for i, outcome in zip(code_at, default_verifier().verify_batch(code_items), strict=True):
+            for i, outcome in zip(code_at, self._code_verifier().verify_batch(code_items), strict=True):
                 out[i] = outcome
         return out  # type: ignore[return-value]

@@ -21,6 +21,7 @@ import optax
 
 from runtime import rng
 from runtime.config import PretrainConfig
+from runtime.errors import UsageError
 from runtime.model import PAD_ID, Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
 
@@ -83,9 +84,16 @@ def warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, w
     params = jax.tree.map(jnp.array, model.params)
     state = opt.init(params)
     batches = rng.generator(seed, rng.WARM_START)
+    pool = task.supervised_indices()
+    if pool is not None and len(pool) == 0:
+        raise UsageError(f"pretrain.steps is {config.steps} but no training problem has a target to learn "
+                         "(an answer or a target); set pretrain.steps=0 or add targets")
     losses = []
     for step in range(config.steps):
-        idx = batches.integers(task.train_size, size=config.batch_size)
+        if pool is None:
+            idx = batches.integers(task.train_size, size=config.batch_size)
+        else:
+            idx = pool[batches.integers(len(pool), size=config.batch_size)]
         tokens, attention, mask = pack_supervised(task, TextCodec.for_model(model), idx, width)
         params, state, loss = _sft_step(
             params, state, tokens, attention, mask, model_config=model.config, optimizer=opt

@@ -54,11 +54,17 @@ def test_the_recorder_sees_reads_and_ignores_validation(field_reads):
 
 @pytest.mark.slow
 def test_every_config_field_is_read_by_a_run(tmp_path, field_reads):
+    import json
+
+    from ledger import open_store
     from runtime.run import resume, run
     from tests.runtime.small_run import tiny_config, write_sums
 
-    write_sums(tmp_path / "sums.jsonl")
-    config = tiny_config(str(tmp_path / "sums.jsonl"), str(tmp_path / "warm_start"))
+    data = tmp_path / "mixed.jsonl"  # sums for the math verifier and an echo for the code sandbox
+    write_sums(data)
+    with open(data, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"prompt": "echo", "tests": [{"input": "hi\n", "output": "hi\n"}]}) + "\n")
+    config = tiny_config(str(data), str(tmp_path / "warm_start"))
     config = dataclasses.replace(config, run=dataclasses.replace(config.run, steps=1),
                                  pretrain=dataclasses.replace(config.pretrain, steps=5))
     out = str(tmp_path / "run")
@@ -66,3 +72,6 @@ def test_every_config_field_is_read_by_a_run(tmp_path, field_reads):
     assert resume(out, progress=False, log=lambda m: None) is None  # finished: read back, nothing to do
     unread = sorted(all_fields() - field_reads)
     assert unread == [], f"config fields nothing reads: {unread}"
+    with open_store(out) as store:
+        started = next(store.read("run", 1, 1)).event
+    assert started.fingerprint["sandbox"].startswith("namespaces")  # the isolation that judged the run

@@ -62,3 +62,18 @@ def test_completions_longer_than_the_model_can_hold(capsys, tmp_path):
             "sampling.max_tokens: 1000000000 is not accepted; it must be <= 65536")
     refused(capsys, tmp_path, ["run", "--out", out, "--set", "sampling.max_tokens=60000", *FAST],
             "sampling.max_tokens 60000 is too large for this model")
+
+
+def test_a_code_task_refuses_the_weak_sandbox_unless_named(tmp_path):
+    """Where namespaces are unavailable (forced here with the sandbox's own switch), ``auto`` does
+    not fall back silently to ``rlimits``: the run stops before training, in one line."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "runtime.cli", "run", "--out", str(out), "--no-progress",
+            "--set", 'data.task="codefn"', *FAST]
+    env = {**os.environ, "RLX_SANDBOX_NO_NAMESPACES": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "rlimits" in done.stderr and not out.exists()
