@@ -150,7 +150,7 @@ def unpack(data: bytes) -> Any:
         raise CodecError(f"malformed msgpack body: {type(e).__name__}: {e}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sorted_fields(cls: type) -> tuple[str, ...] | None:
     """The field names of an event class, sorted; None for anything that is not an event."""
     if not (isinstance(cls, type) and issubclass(cls, Event) and dataclasses.is_dataclass(cls)):

@@ -17,7 +17,8 @@ numbers), so that ordering by id is deterministic.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class Event:
             return NotImplemented
         return self.first_difference(other) is None  # type: ignore[arg-type]
 
-    def first_difference(self, other: "Event") -> str | None:
+    def first_difference(self, other: Event) -> str | None:
         """The name of the first field (in declaration order) whose values differ, or None.
 
         Values are compared as the codec stores them: arrays by dtype, shape and bytes, tuples
@@ -80,7 +81,7 @@ def _values_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
         return True  # NaN fields compare equal to themselves: events are values
     return type(a) is type(b) and a == b
@@ -256,7 +257,7 @@ class RolloutRequested(Event):
         return tuple(
             SampleRequest(rid, self.group_id, self.batch, self.prompt_index, self.policy_version, seed,
                           self.sampling, self.ordinal)
-            for rid, seed in zip(self.rollout_ids, self.seeds)
+            for rid, seed in zip(self.rollout_ids, self.seeds, strict=False)
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from ledger import chain
 from ledger.errors import AppendConflict, Fenced, LedgerError, RunExists, RunNotFound

@@ -21,7 +21,7 @@ import functools
 import os
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -83,7 +83,7 @@ _MAX_INSERT_ROWS = 64
 """Rows per multi-row INSERT on SQLite (8 columns: 512 parameters, under every SQLite's limit)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _insert_rows_sql(n: int) -> str:
     """``INSERT … VALUES (…), (…) …`` for ``n`` rows (``?`` placeholders)."""
     head, values = _INSERT.split("VALUES ")

@@ -24,7 +24,7 @@ import json
 import os
 import threading
 import time
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from ledger import chain
 from ledger.codec import decode_body, encode_event
@@ -152,10 +152,10 @@ class EventStore(abc.ABC):
     def stats(self) -> dict:
         """Events by kind, runs, bytes."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook: stores without connections keep it
         """Release connections."""
 
-    def __enter__(self) -> "EventStore":
+    def __enter__(self) -> EventStore:
         return self
 
     def __exit__(self, *exc) -> None:

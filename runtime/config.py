@@ -45,7 +45,7 @@ def _fail(where: str, value: Any, accepted: str) -> ConfigError:
     return ConfigError(f"{where}: {value!r} is not accepted; {accepted}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

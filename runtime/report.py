@@ -24,7 +24,7 @@ def plot_report(summary: dict, path: str) -> None:
         ("loss", [("loss", "loss"), ("entropy", "entropy")]),
     ]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
-    for ax, (title, lines) in zip(axes.flat, panels):
+    for ax, (title, lines) in zip(axes.flat, panels, strict=False):
         for key, label in lines:
             ax.plot(steps, series(key), label=label, linewidth=1.2)
         ax.set_title(title, fontsize=10)

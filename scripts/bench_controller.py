@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ledger import events as ev  # noqa: E402
 from ledger.sql import SqliteStore  # noqa: E402
 from runtime.config import load_config  # noqa: E402
-from runtime.controller import ControllerLoop, DECISION_KINDS, replay  # noqa: E402
+from runtime.controller import DECISION_KINDS, ControllerLoop, replay  # noqa: E402
 from runtime.controller.simulation import SimTrainer, fake_reward  # noqa: E402
 from runtime.controller.workers import INFERENCE, TRAINER, VERIFIER, InitTask  # noqa: E402
 

@@ -36,8 +36,17 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from verifiers.code import (CallTest, CheckScript, CodeProblem, CodeVerifier, IOTest, Isolation,
-                                Limits, Sandbox, verify_code)
+    from verifiers.code import (
+        CallTest,
+        CheckScript,
+        CodeProblem,
+        CodeVerifier,
+        IOTest,
+        Isolation,
+        Limits,
+        Sandbox,
+        verify_code,
+    )
     from verifiers.errors import ConfigError, SandboxUnavailable, ServiceError, VerifierError
     from verifiers.math import MathConfig, MathVerifier, judge_math, verify_math
     from verifiers.outcome import Outcome, TestResult, Timings, Verdict

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class Verdict(str, enum.Enum):

@@ -126,7 +126,7 @@ def _facts(item: tuple[int, ev.Event]) -> Iterator[Any]:
                 "group_id": q.group_id, "batch": q.batch, "ordinal": q.ordinal, "prompt_index": q.prompt_index,
                 "policy_version": q.policy_version, "seed": q.seed, "sampling": dict(q.sampling)})
     elif kind is ev.RolloutAssigned:
-        for rid, attempt in zip(e.rollout_ids, e.attempts):
+        for rid, attempt in zip(e.rollout_ids, e.attempts, strict=False):
             yield rid, (seq, "assigned", {"worker": e.worker_id, "attempt": attempt})
     elif kind is ev.RolloutAbandoned:
         yield e.rollout_id, (seq, "abandoned", {"attempt": e.attempt, "reason": e.reason})
@@ -282,11 +282,11 @@ class _VersionTotals(beam.CombineFn):
     def merge_accumulators(self, accs: Iterable[list]) -> list:
         out = self.create_accumulator()
         for acc in accs:
-            out = [a + b for a, b in zip(out, acc)]
+            out = [a + b for a, b in zip(out, acc, strict=False)]
         return out
 
     def extract_output(self, acc: list) -> dict:
-        return dict(zip(self.FIELDS, acc))
+        return dict(zip(self.FIELDS, acc, strict=False))
 
 
 def _version_row(run_id: str, version: int, totals: dict, published: dict[int, tuple[int, str]]) -> dict:

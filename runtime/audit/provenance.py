@@ -75,7 +75,7 @@ class Provenance:
                 for q in e.samples():
                     tables["requests"].setdefault(q.rollout_id, (seq, q))
             elif kind is ev.RolloutAssigned:
-                for rid, attempt in zip(e.rollout_ids, e.attempts):
+                for rid, attempt in zip(e.rollout_ids, e.attempts, strict=False):
                     assigned.setdefault(rid, []).append((seq, e.worker_id, attempt))
             elif kind is ev.RolloutAbandoned:
                 abandoned.setdefault(e.rollout_id, []).append((seq, e))

@@ -80,7 +80,7 @@ def _count(value: int, flag: str, low: int, high: int) -> int:
 
 def server_config(args: argparse.Namespace):
     """The request ceilings of ``rlx serve verifier``'s ``--max-*`` options."""
-    from verifiers.code.limits import MIB, Limits
+    from verifiers.code.limits import MIB
     from verifiers.service.bounds import ServerConfig, seconds
 
     defaults = ServerConfig()

@@ -52,7 +52,7 @@ class _Draft:
     __slots__ = ControllerState._fields
 
     def __init__(self, state: ControllerState) -> None:
-        for name, value in zip(ControllerState._fields, state):
+        for name, value in zip(ControllerState._fields, state, strict=False):
             setattr(self, name, value)
         for name in _MAPS:
             setattr(self, name, getattr(state, name).mutate())
@@ -200,7 +200,7 @@ def _rollout_assigned(d: _Draft, e: ev.RolloutAssigned) -> None:
         raise _invalid(e, f"of {n} requests to worker {e.worker_id!r}, which is not an inference worker with {n} free slots")
     leased = []
     previous = -1
-    for rid, attempt in zip(ids, e.attempts):
+    for rid, attempt in zip(ids, e.attempts, strict=False):
         r = _live(d, e, rid)
         if r.done or r.holder is not None or attempt != r.attempts or rid <= previous:
             raise _invalid(e, f"attempt {attempt} of rollout {rid}, which is not pending in id order (state {r})")

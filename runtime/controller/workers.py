@@ -17,8 +17,6 @@ from ledger.events import (
     OutcomeRecorded,
     RolloutCompleted,
     SampleRequest,
-    TrainStepCompleted,
-    WeightsPublished,
 )
 
 INFERENCE = "inference"

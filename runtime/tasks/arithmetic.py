@@ -44,7 +44,7 @@ class Arithmetic(Task):
     def describe(self) -> dict:
         return {"name": self.name, "digits": self.digits, "eval_size": self.eval_size, "seed": self.seed}
 
-    @functools.lru_cache(maxsize=65536)
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - a task lives as long as its run
     def problem(self, split: str, index: int) -> Problem:
         if split == "eval":
             j = int(self._eval[index])

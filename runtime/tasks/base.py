@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from runtime import rng
-
 from runtime.model.tokenizer import BOS_ID, EOS_ID
 from verifiers.outcome import Outcome
 

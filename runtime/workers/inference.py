@@ -58,9 +58,9 @@ class EngineWorker:
         for (version, digest), group in sorted(by_version.items()):
             self._use(version, digest)
             completions = self.engine.generate(
-                [self.prompt_tokens(l.prompt_index) for l in group],
-                [SamplingParams.from_request(l.sampling, self.codec.eos_ids) for l in group],
-                [l.seed for l in group],
+                [self.prompt_tokens(lease.prompt_index) for lease in group],
+                [SamplingParams.from_request(lease.sampling, self.codec.eos_ids) for lease in group],
+                [lease.seed for lease in group],
             )
             for lease, c in zip(group, completions, strict=True):
                 self.generated_tokens += len(c.tokens)

@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import LedgerError, RolloutAssigned, StoreUnavailable, open_store
-from tests.ledger.simulated import write_simulated_run
 from ledger.errors import ReadOnlyStore
 from runtime.cli import main
 from tests.ledger.readonly_mount import ROOT, rlx_readonly, tree_digest, unavailable
+from tests.ledger.simulated import write_simulated_run
 
 
 @pytest.fixture

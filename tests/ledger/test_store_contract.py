@@ -20,9 +20,9 @@ from ledger import (
     RunExists,
     RunNotFound,
     WorkerJoined,
+    chain,
     open_store,
 )
-from ledger import chain
 
 
 def assigned(n: int, start: int = 0, worker: str = "w") -> list[RolloutAssigned]:

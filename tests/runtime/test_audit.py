@@ -29,6 +29,7 @@ from runtime.session import make_task
 from tests.ledger.readonly_mount import rlx_readonly, unavailable
 from tests.runtime.small_run import SEED
 
+
 @pytest.fixture(scope="module")
 def finished(small_run):
     """(run directory, summary, config) of the shared small run."""

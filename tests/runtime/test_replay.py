@@ -24,7 +24,6 @@ from runtime.params import ParamStore
 from runtime.replay import compare_rollout, fingerprint_diff, plan_replay, replay_run
 from runtime.replay.plan import SampledRollout
 from runtime.replay.runner import recorded_engine_shapes
-
 from tests.runtime.small_run import STEPS
 
 

@@ -118,7 +118,7 @@ def same_value(actual: Any, expected: Any, rel_tol: float, abs_tol: float) -> bo
         return False
     if ta in (list, tuple):
         return len(actual) == len(expected) and all(
-            same_value(a, e, rel_tol, abs_tol) for a, e in zip(actual, expected)
+            same_value(a, e, rel_tol, abs_tol) for a, e in zip(actual, expected, strict=False)
         )
     if ta is dict:
         return _same_dict(actual, expected, rel_tol, abs_tol)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 SHELL = "/bin/sh"
 _JOIN = 'while [ "$1" != -- ]; do echo 0 >"$1" || exit 125; shift; done; shift; exec "$@"'

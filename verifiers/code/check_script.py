@@ -24,7 +24,8 @@ import json
 import pathlib
 import threading
 import weakref
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from verifiers.code import languages, verdict, wire
 from verifiers.code.calls import CallSession, SolutionFailed, failure_verdict
@@ -132,7 +133,7 @@ def _relay(checker: LiveRun, live: LiveRun, problem: CodeProblem, limits: Limits
 
 
 def judge_check_script(
-    sandbox: Sandbox, problem: CodeProblem, start_solution: Callable[[], ContextManager[LiveRun]]
+    sandbox: Sandbox, problem: CodeProblem, start_solution: Callable[[], AbstractContextManager[LiveRun]]
 ) -> TestResult:
     """Run ``problem``'s check script in its own sandboxed process against the solution that
     ``start_solution`` starts (under the call driver); one ``TestResult`` for the whole check."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from verifiers.errors import ConfigError
 
@@ -34,14 +34,14 @@ def exact(actual: bytes, expected: bytes) -> Check:
     e = expected.replace(b"\r\n", b"\n").rstrip(b"\n")
     if a == e:
         return Check(True)
-    at = next((i for i, (x, y) in enumerate(zip(a, e)) if x != y), min(len(a), len(e)))
+    at = next((i for i, (x, y) in enumerate(zip(a, e, strict=False)) if x != y), min(len(a), len(e)))
     return Check(False, f"output differs at byte {at}: got {_preview(a[at:])}, expected {_preview(e[at:])}")
 
 
 def tokens(actual: bytes, expected: bytes) -> Check:
     """Equal sequences of whitespace-separated tokens."""
     a, e = actual.split(), expected.split()
-    for i, (x, y) in enumerate(zip(a, e)):
+    for i, (x, y) in enumerate(zip(a, e, strict=False)):
         if x != y:
             return Check(False, f"token {i}: got {_preview(x)}, expected {_preview(y)}")
     if len(a) != len(e):
@@ -67,7 +67,7 @@ def floats(rel_tol: float = 1e-6, abs_tol: float = 1e-6) -> Callable[[bytes, byt
         a, e = actual.split(), expected.split()
         if len(a) != len(e):
             return Check(False, f"got {len(a)} tokens, expected {len(e)}")
-        for i, (x, y) in enumerate(zip(a, e)):
+        for i, (x, y) in enumerate(zip(a, e, strict=False)):
             if x == y:
                 continue
             xv, yv = _number(x), _number(y)

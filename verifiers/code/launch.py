@@ -12,7 +12,7 @@ import dataclasses
 import os
 import re
 import tempfile
-from typing import Collection, Mapping
+from collections.abc import Collection, Mapping
 
 from verifiers.code import cgroups, isolation, mounts, seccomp
 from verifiers.code.isolation import Isolation, RunFs, StagedFile

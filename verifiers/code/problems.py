@@ -15,7 +15,7 @@ import dataclasses
 import json
 import math
 import pathlib
-from typing import Any, Union
+from typing import Any
 
 from verifiers.code import checkers, languages
 from verifiers.code.limits import Limits
@@ -49,7 +49,7 @@ class CheckScript:
     setup: str = ""
 
 
-Tests = Union[tuple[IOTest, ...], tuple[CallTest, ...], CheckScript]
+Tests = tuple[IOTest, ...] | tuple[CallTest, ...] | CheckScript
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import select
 import subprocess
 import threading
 import time
-from typing import Collection
+from collections.abc import Collection
 
 from verifiers.code import isolation
 

@@ -22,7 +22,7 @@ import os
 import queue
 import subprocess
 import warnings
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from verifiers.code import cgroups, isolation, mounts, processes, seccomp
 from verifiers.code.isolation import Isolation

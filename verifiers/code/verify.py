@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import pathlib
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from verifiers.code import checkers, languages, verdict
 from verifiers.code.calls import CallSession, SolutionFailed, failure_verdict, same_value

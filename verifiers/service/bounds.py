@@ -12,10 +12,10 @@ import dataclasses
 import fractions
 import math
 
+from verifiers._generated import rlx_verifier_pb2 as pb
 from verifiers.code.limits import MIB, Limits
 from verifiers.errors import ConfigError
 from verifiers.math.config import read_tolerance
-from verifiers._generated import rlx_verifier_pb2 as pb
 
 MAX_SECONDS = 86_400.0  # a day: longer is a typo, and past ~24 days the OS timers overflow
 MAX_REL_TOL = fractions.Fraction(1)

@@ -11,17 +11,17 @@ from __future__ import annotations
 import itertools
 import math as _math
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import grpc
 
+from verifiers._generated import rlx_verifier_pb2 as pb
+from verifiers._generated import rlx_verifier_pb2_grpc as pb_grpc
 from verifiers.code.problems import CodeProblem
 from verifiers.errors import ConfigError, ServiceError
 from verifiers.math.judge import MathConfig
 from verifiers.outcome import Outcome
 from verifiers.service import convert, security
-from verifiers._generated import rlx_verifier_pb2 as pb
-from verifiers._generated import rlx_verifier_pb2_grpc as pb_grpc
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
 

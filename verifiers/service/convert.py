@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from verifiers._generated import rlx_verifier_pb2 as pb
 from verifiers.code import wire
 from verifiers.code.limits import Limits
 from verifiers.code.problems import CallTest, CheckScript, CodeProblem, IOTest
 from verifiers.errors import ConfigError
 from verifiers.math.judge import MathConfig
 from verifiers.outcome import Outcome, TestResult, Timings, Verdict
-from verifiers._generated import rlx_verifier_pb2 as pb
 
 _LIMIT_FIELDS = [f.name for f in dataclasses.fields(Limits)]
 

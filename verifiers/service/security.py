@@ -16,7 +16,7 @@ import hmac
 import ipaddress
 import os
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 

@@ -14,6 +14,8 @@ import concurrent.futures
 
 import grpc
 
+from verifiers._generated import rlx_verifier_pb2 as pb
+from verifiers._generated import rlx_verifier_pb2_grpc as pb_grpc
 from verifiers.code.verify import VERSION as CODE_VERSION
 from verifiers.code.verify import CodeVerifier
 from verifiers.errors import ConfigError, VerifierError
@@ -22,8 +24,6 @@ from verifiers.math.pool import MathVerifier
 from verifiers.service import bounds, convert
 from verifiers.service.bounds import ServerConfig
 from verifiers.service.security import EXCLUSIVE_PORT, ListenAddress, ServerSecurity
-from verifiers._generated import rlx_verifier_pb2 as pb
-from verifiers._generated import rlx_verifier_pb2_grpc as pb_grpc
 
 MAX_THREADS = 1024
 

@@ -42,7 +42,9 @@ def test_deterministic_mode_requests_every_batch_its_staleness_allows(k, batches
     assert [r.rollout_id for r in reqs] == list(range(len(reqs)))
 
 
-def run_steps(loop, store, n, verifier=SimVerifier(), worker=SimInference("w", 8)):
+def run_steps(loop, store, n, verifier=None, worker=None):
+    verifier = verifier or SimVerifier()
+    worker = worker or SimInference("w", 8)
     trainer = SimTrainer(seed=1)
     for _ in range(200):
         if loop.state.trained >= n:
@@ -139,8 +141,8 @@ def test_leases_go_out_in_id_order_to_workers_in_join_order():
     loop.join("a", INFERENCE, slots=2)
     loop.join("b", INFERENCE, slots=1)
     publish_v0(loop)
-    assert [l.rollout_id for l in loop.leases("a")] == [0, 1]
-    assert [l.rollout_id for l in loop.leases("b")] == [2]
+    assert [lease.rollout_id for lease in loop.leases("a")] == [0, 1]
+    assert [lease.rollout_id for lease in loop.leases("b")] == [2]
     assert loop.state.pending == (3,)
     assigned = [e for e in store.events("r") if isinstance(e, ev.RolloutAssigned)]
     assert assigned == [ev.RolloutAssigned("a", (0, 1), (0, 0)), ev.RolloutAssigned("b", (2,), (0,))]

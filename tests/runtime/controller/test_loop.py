@@ -8,8 +8,8 @@ from ledger import events as ev
 from ledger import open_store
 from runtime.config import load_config
 from runtime.controller import ControllerFenced, ControllerLoop, replay
-from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier, run_to_end, train_once
-from runtime.controller.workers import INFERENCE, VERIFIER
+from runtime.controller.simulation import SimInference, SimTrainer, run_to_end, train_once
+from runtime.controller.workers import INFERENCE
 
 
 class Clock:
@@ -54,7 +54,7 @@ def test_silent_worker_is_lost_and_its_leases_go_to_another():
     loop.expire()
     events = store.events("r")
     assert ev.WorkerLost("a", "heartbeat timeout") in events
-    assert [l.attempt for l in loop.leases("b")] == [1, 1, 1, 1]
+    assert [lease.attempt for lease in loop.leases("b")] == [1, 1, 1, 1]
 
 
 def test_stuck_lease_expires_while_the_worker_lives():
@@ -81,7 +81,7 @@ def test_zombie_controller_is_fenced_and_resume_continues_the_run(tmp_path):
     leased = old.leases("w")
     assert leased
     new = ControllerLoop.resume(open_store(path), "r", clock=clock)
-    assert new.state.epoch == 2 and not new.state.workers and set(new.state.pending) >= {l.rollout_id for l in leased}
+    assert new.state.epoch == 2 and not new.state.workers and set(new.state.pending) >= {lease.rollout_id for lease in leased}
     head = store.head("r").seq
     with pytest.raises(ControllerFenced, match="fenced"):
         old.complete(SimInference("w", 2).generate(leased))

@@ -13,8 +13,8 @@ from runtime.controller import ReplayDivergence, replay
 from runtime.controller.admit import DECISION_KINDS
 from runtime.controller.invariants import check
 from runtime.controller.loop import ControllerLoop
-from runtime.controller.simulation import run_to_end
 from runtime.controller.reduce import fold
+from runtime.controller.simulation import run_to_end
 from tests.runtime.controller.golden.regenerate import HERE, RUNS, altered, load, simulate
 
 GOLDEN = sorted(RUNS)

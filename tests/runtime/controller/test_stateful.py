@@ -172,7 +172,7 @@ class ControllerMachine(RuleBasedStateMachine):
             return
         wid = data.draw(st.sampled_from(live))
         leases = self.loop.leases(wid)
-        chosen = data.draw(st.lists(st.sampled_from(leases), min_size=1, max_size=len(leases), unique_by=lambda l: l.rollout_id))
+        chosen = data.draw(st.lists(st.sampled_from(leases), min_size=1, max_size=len(leases), unique_by=lambda lease: lease.rollout_id))
         done = self.workers[wid].generate(chosen)
         self.stash.extend(done[:2])
         verdicts = self.loop.complete(done)

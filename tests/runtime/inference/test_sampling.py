@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from kernels.logprobs import tempered_log_softmax
-from runtime import rng
 from runtime.errors import UsageError
 from runtime.inference.sampling import (
     SamplingParams,

@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from verifiers.code import CodeVerifier, Sandbox
-from verifiers.code import processes
+from verifiers.code import CodeVerifier, Sandbox, processes
 from verifiers.errors import SandboxUnavailable
 
 # Each xdist worker starts its search for free uids elsewhere (the flock would sort it out anyway).

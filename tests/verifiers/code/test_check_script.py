@@ -6,11 +6,10 @@ import concurrent.futures
 
 import pytest
 
+from tests.verifiers.code.conftest import _UID_BASE, leftovers
 from verifiers.code import CheckScript, CodeProblem, CodeVerifier, Limits, Sandbox
 from verifiers.errors import ConfigError
 from verifiers.outcome import Verdict
-
-from tests.verifiers.code.conftest import _UID_BASE, leftovers
 
 ADD = "def add(a, b):\n    return a + b\n"
 WRONG = "def add(a, b):\n    return 0\n"

@@ -11,12 +11,12 @@ import logging
 
 import pytest
 
-from verifiers.code import Sandbox, sandbox as sandbox_module
+from tests.verifiers.code.conftest import _UID_BASE
+from verifiers.code import Sandbox
+from verifiers.code import sandbox as sandbox_module
 from verifiers.code.languages import LANGUAGES
 from verifiers.code.sandbox import WeakIsolationRefused
 from verifiers.errors import SandboxUnavailable, VerifierError
-
-from tests.verifiers.code.conftest import _UID_BASE
 
 
 @pytest.fixture

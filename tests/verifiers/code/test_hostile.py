@@ -13,10 +13,9 @@ import uuid
 
 import pytest
 
+from tests.verifiers.code.conftest import leftovers
 from verifiers.code import CodeProblem, CodeVerifier, IOTest, Limits
 from verifiers.outcome import Verdict
-
-from tests.verifiers.code.conftest import leftovers
 
 # Generous against load (ordinary programs finish in well under a second), bounded for speed.
 FAST = Limits(wall_s=2.0, cpu_s=1.0)
@@ -139,7 +138,7 @@ def loopback_server():
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             with conn:
                 conn.settimeout(1.0)

@@ -45,13 +45,13 @@ def _problem(row) -> CodeProblem:
 @pytest.mark.slow
 def test_every_canonical_solution_passes(problems, pooled):
     outcomes = pooled.verify_batch([(row["prompt"] + row["canonical_solution"], _problem(row)) for row in problems])
-    failed = {row["task_id"]: o.detail for row, o in zip(problems, outcomes) if not o.passed}
+    failed = {row["task_id"]: o.detail for row, o in zip(problems, outcomes, strict=False) if not o.passed}
     assert failed == {}
 
 
 @pytest.mark.slow
 def test_every_stub_body_fails(problems, pooled):
     outcomes = pooled.verify_batch([(row["prompt"] + "    pass\n", _problem(row)) for row in problems])
-    passed = [row["task_id"] for row, o in zip(problems, outcomes) if o.passed]
+    passed = [row["task_id"] for row, o in zip(problems, outcomes, strict=False) if o.passed]
     assert passed == []
     assert {o.verdict for o in outcomes} <= {Verdict.WA, Verdict.RE}

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.verifiers.code.conftest import leftovers
 from verifiers.code import CallTest, CheckScript, CodeProblem, IOTest, Limits
 from verifiers.outcome import Verdict
-
-from tests.verifiers.code.conftest import leftovers
 
 CALLS = (CallTest("add", (2, 3), (), 5), CallTest("add", (10, -4), (), 6))
 CHECK = CheckScript(

@@ -8,11 +8,10 @@ import os
 
 import pytest
 
+from tests.verifiers.code.conftest import leftovers
 from verifiers.code import CodeProblem, IOTest, Limits, Sandbox, mounts
 from verifiers.code.languages import LANGUAGES
 from verifiers.outcome import Verdict
-
-from tests.verifiers.code.conftest import leftovers
 
 MIB = 1 << 20
 

@@ -12,10 +12,9 @@ import errno
 
 import pytest
 
+from tests.verifiers.code.conftest import _UID_BASE
 from verifiers.code import Sandbox
 from verifiers.code.languages import LANGUAGES
-
-from tests.verifiers.code.conftest import _UID_BASE
 
 _PRELUDE = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 _STORE = _PRELUDE + (

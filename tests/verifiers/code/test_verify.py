@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.verifiers.code.conftest import leftovers
 from verifiers.code import CallTest, CodeProblem, CodeVerifier, IOTest, Limits
 from verifiers.code.languages import LANGUAGES
 from verifiers.outcome import Verdict
-
-from tests.verifiers.code.conftest import leftovers
 
 SUM = (IOTest("1 2\n", "3\n"), IOTest("5 7\n", "12\n"), IOTest("-1 1\n", "0\n"))
 

@@ -8,13 +8,12 @@ import subprocess
 
 import pytest
 
+from tests.verifiers.code.conftest import _UID_BASE
 from verifiers.code import CodeVerifier, Sandbox
 from verifiers.errors import ConfigError, ServiceError
 from verifiers.math import MathVerifier
 from verifiers.service import ServerSecurity, VerifierClient, serve
 from verifiers.service.security import ListenAddress, load_token
-
-from tests.verifiers.code.conftest import _UID_BASE
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -29,7 +28,8 @@ def backends():
 def start(backends):
     servers = []
 
-    def _start(host: str, security: ServerSecurity = ServerSecurity()) -> int:
+    def _start(host: str, security: ServerSecurity | None = None) -> int:
+        security = security or ServerSecurity()
         code, math = backends
         server, port = serve(0, host=host, code=code, math=math, threads=2, security=security)
         servers.append(server)
@@ -126,7 +126,7 @@ def _pki(tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+    now = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
 
     def issue(name, key, issuer_name, issuer_key, *, ca=False, san=None):
         builder = (

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.verifiers.code.conftest import _UID_BASE
 from verifiers.code import CallTest, CheckScript, CodeProblem, CodeVerifier, IOTest, Limits, Sandbox
 from verifiers.errors import ConfigError, ServiceError
 from verifiers.math import MathConfig, MathVerifier
 from verifiers.outcome import Verdict
 from verifiers.service import ServerConfig, VerifierClient, serve
-
-from tests.verifiers.code.conftest import _UID_BASE
 
 
 @pytest.fixture(scope="module")
