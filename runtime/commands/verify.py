@@ -88,7 +88,7 @@ def _limits(args: argparse.Namespace):
 def cmd_code(args: argparse.Namespace) -> int:
     from verifiers.code import CodeProblem, CodeVerifier, load_io_tests
     from verifiers.errors import ConfigError
-    from verifiers.service.security import read_capped
+    from verifiers.files import read_capped
 
     limits = _limits(args)
     raw = read_capped(args.program, MAX_PROGRAM_BYTES, "program")

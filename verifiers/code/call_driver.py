@@ -12,49 +12,38 @@ The driver only reports; it never judges. Whatever it (or a solution tampering w
 checked outside against values that never enter the sandbox. Standard library only.
 """
 
-import os
 
 import wire
 
 
-def _reply(out, message) -> None:
-    out.write(wire.dumps(message))
-    out.flush()
-
-
 def main() -> None:
-    requests = os.fdopen(os.dup(0), "rb")
-    replies = os.fdopen(os.dup(1), "wb")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.dup2(2, 1)
+    requests, replies = wire.take_stdio()
     namespace = {"__name__": "solution", "__builtins__": __builtins__}
     try:
         with open("solution.py", "rb") as f:
             source = f.read()
         exec(compile(source, "solution.py", "exec"), namespace)
     except BaseException as e:  # noqa: BLE001 - any failure of the solution is reported
-        _reply(replies, {"load_error": f"{type(e).__name__}: {e}"[:500]})
+        wire.send(replies, {"load_error": f"{type(e).__name__}: {e}"[:500]})
         return
-    _reply(replies, {"ready": True})
+    wire.send(replies, {"ready": True})
     for line in requests:
         request = wire.loads(line)
         fn = namespace.get(request["fn"])
         if not callable(fn):
-            _reply(replies, {"raised": f"NameError: no function {request['fn']!r} in the solution"})
+            wire.send(replies, {"raised": f"NameError: no function {request['fn']!r} in the solution"})
             continue
         args = wire.decode(request["args"])
         kwargs = {k: v for k, v in wire.decode(request["kwargs"])}
         try:
             result = fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - SystemExit from the solution included
-            _reply(replies, {"raised": f"{type(e).__name__}: {e}"[:500]})
+            wire.send(replies, {"raised": f"{type(e).__name__}: {e}"[:500]})
             continue
         try:
             line = wire.dumps({"ok": wire.encode(result)})
         except (wire.WireError, RecursionError, ValueError) as e:
-            _reply(replies, {"unserialisable": str(e)[:500]})
+            wire.send(replies, {"unserialisable": str(e)[:500]})
             continue
         replies.write(line)
         replies.flush()

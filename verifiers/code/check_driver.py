@@ -20,7 +20,6 @@ reports; the verifier decides, and it counts the calls itself. Standard library 
 
 import ast
 import json
-import os
 import random
 
 import wire
@@ -41,23 +40,14 @@ class _CountAsserts(ast.NodeTransformer):
         return [ast.copy_location(count, node), node]
 
 
-def _send(out, message) -> None:
-    out.write(wire.dumps(message))
-    out.flush()
-
 
 def main() -> None:
-    requests = os.fdopen(os.dup(0), "rb")
-    replies = os.fdopen(os.dup(1), "wb")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.dup2(2, 1)
+    requests, replies = wire.take_stdio()
     random.seed(0)  # a check that draws random inputs draws the same ones every time
     asserts = [0]
 
     def candidate(*args, **kwargs):
-        _send(replies, {"call": {"args": wire.encode(list(args)),
+        wire.send(replies, {"call": {"args": wire.encode(list(args)),
                                  "kwargs": wire.encode([[k, v] for k, v in kwargs.items()])}})
         reply = wire.loads(requests.readline())
         if "failed" in reply:
@@ -79,15 +69,15 @@ def main() -> None:
         if not callable(check):
             raise NameError("the test code defines no function check(candidate)")
     except BaseException as e:  # noqa: BLE001 - any failure of the check code is reported
-        _send(replies, {"load_error": f"{type(e).__name__}: {e}"[:500]})
+        wire.send(replies, {"load_error": f"{type(e).__name__}: {e}"[:500]})
         return
     try:
         check(candidate)
     except BaseException as e:  # noqa: BLE001 - SystemExit from the check included
-        _send(replies, {"error": {"type": type(e).__name__, "message": str(e)[:200],
+        wire.send(replies, {"error": {"type": type(e).__name__, "message": str(e)[:200],
                                   "candidate": isinstance(e, CandidateFailed), "asserts": asserts[0]}})
         return
-    _send(replies, {"done": {"asserts": asserts[0]}})
+    wire.send(replies, {"done": {"asserts": asserts[0]}})
 
 
 if __name__ == "__main__":

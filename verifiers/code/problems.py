@@ -20,6 +20,7 @@ from typing import Any
 from verifiers.code import checkers, languages
 from verifiers.code.limits import Limits
 from verifiers.errors import ConfigError
+from verifiers.files import read_capped
 
 MAX_TESTS_FILE_BYTES = 64 << 20
 
@@ -96,13 +97,7 @@ def load_io_tests(path: str | pathlib.Path, max_bytes: int = MAX_TESTS_FILE_BYTE
     """IO tests from a JSONL file whose lines are ``{"input": "...", "output": "..."}``; a file
     over ``max_bytes`` (``/dev/zero`` included) is refused before it is parsed."""
     path = pathlib.Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read tests file {str(path)!r}: {e.strerror}") from None
-    if len(raw) > max_bytes:
-        raise ConfigError(f"tests file {str(path)!r} is larger than {max_bytes} bytes")
+    raw = read_capped(path, max_bytes, "tests file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -6,7 +6,8 @@ Plain data only, tagged so that types survive the trip: ``None``, ``bool``, ``in
 (``type(x) is int``), so a subclass with a permissive ``__eq__`` cannot cross: a result that is
 not plain data is a wrong answer, and the comparison outside only ever sees builtin values.
 
-This module is standard-library only: the sandbox runs it as part of ``call_driver.py``.
+This module is standard-library only: the sandbox runs it with ``call_driver.py`` and
+``check_driver.py``, which also take their protocol streams (:func:`take_stdio`) from it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,27 @@ def decode(data, depth: int = 0):
 def dumps(message) -> bytes:
     """One protocol line."""
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def send(out, message) -> None:
+    """Write ``message`` as one protocol line and flush it."""
+    out.write(dumps(message))
+    out.flush()
+
+
+def take_stdio():
+    """``(requests, replies)``: a driver's protocol streams, taken from fds 0 and 1 before the
+    untrusted code runs, which then reads ``/dev/null`` and prints to stderr, so nothing it
+    prints can forge a reply."""
+    import os
+
+    requests = os.fdopen(os.dup(0), "rb")
+    replies = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    return requests, replies
 
 
 def loads(line: bytes):

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 
 from verifiers.errors import ConfigError
+from verifiers.files import read_capped
 
 TOKEN_ENV = "RLX_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -67,18 +68,6 @@ class ListenAddress:
     def target(self) -> str:
         """The address in gRPC's ``host:port`` form (IPv6 in brackets)."""
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def read_capped(path: str | os.PathLike, cap: int, what: str) -> bytes:
-    """The bytes of ``path``, refusing a file over ``cap`` bytes (``/dev/zero`` included)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(cap + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} {str(path)!r}: {e.strerror or e}") from None
-    if len(data) > cap:
-        raise ConfigError(f"{what} {str(path)!r} is larger than {cap} bytes")
-    return data
 
 
 def check_token(token: str, where: str) -> str:
