@@ -7,6 +7,7 @@ import os
 import pathlib
 import uuid
 
+import jax
 import pytest
 
 from hypothesis import HealthCheck, settings
@@ -17,6 +18,10 @@ _ROOT = pathlib.Path(__file__).resolve().parent.parent
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_ROOT / ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# STRICT
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 # "ci" is the default; "nightly" runs many more examples: HYPOTHESIS_PROFILE=nightly scripts/test
 settings.register_profile(

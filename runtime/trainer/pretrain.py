@@ -21,6 +21,7 @@ import optax
 
 from runtime.model import PAD_ID, Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
+from runtime.trainer.step import standard_promotion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ def _sft_step(params, opt_state, tokens_BT, attention_BT, mask_BS, *, model_conf
         logits = forward(p, tokens_BT, attention_BT, config=model_config)[:, :-1]
         logp = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(logp, tokens_BT[:, 1:, None], axis=-1)[..., 0]
-        return jnp.sum(jnp.where(mask_BS, nll, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1)
+        return jnp.sum(jnp.where(mask_BS, nll, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1).astype(nll.dtype)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -66,7 +67,7 @@ class _Adam:
 
     def __init__(self, lr: float):
         self.lr = lr
-        self.tx = optax.adamw(lr)
+        self.tx = standard_promotion(optax.adamw(lr))
 
     def __hash__(self):
         return hash(("adamw", self.lr))
