@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels.dtypes import float_dtype
 from kernels.errors import ObjectiveConfigError, reject
 
 ESTIMATORS = ("reinforce", "grpo", "drgrpo", "rloo", "gae")
@@ -60,7 +61,7 @@ def group_advantages(
             f"a baseline is only taken by estimator 'reinforce', not {estimator!r}"
         )
     rewards_MG = jnp.asarray(rewards_MG)
-    rewards_MG = rewards_MG.astype(jnp.promote_types(rewards_MG.dtype, jnp.float32))
+    rewards_MG = rewards_MG.astype(float_dtype(rewards_MG))
     if rewards_MG.ndim != 2:
         raise ObjectiveConfigError(
             f"rewards must have shape [M, G] (prompts × responses), got {rewards_MG.shape}"
@@ -135,7 +136,7 @@ def gae_advantages(
       ``(advantages_BT, returns_BT)``: raw advantages and returns ``A + V``, 0 where masked.
     """
     mask_BT = jnp.asarray(mask_BT, bool)
-    dtype = jnp.promote_types(jnp.result_type(rewards_BT, values_BT), jnp.float32)
+    dtype = float_dtype(rewards_BT, values_BT)
     rewards_BT = jnp.where(mask_BT, rewards_BT, 0.0).astype(dtype)
     values_BT = jnp.where(mask_BT, values_BT, 0.0).astype(dtype)
     return _gae_scan(rewards_BT, values_BT, mask_BT, jnp.asarray(gamma, dtype),

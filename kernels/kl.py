@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels.dtypes import float_dtype
 from kernels.errors import reject
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -51,7 +52,7 @@ def token_kl(
     """
     if estimator not in KL_ESTIMATORS:
         raise reject("KL estimator", estimator, KL_ESTIMATORS)
-    dtype = jnp.promote_types(jnp.result_type(logp_BT, logp_ref_BT), jnp.float32)
+    dtype = float_dtype(logp_BT, logp_ref_BT)
     logp_BT = jnp.asarray(logp_BT, dtype)
     logp_ref_BT = jnp.asarray(logp_ref_BT, dtype)
     if mask_BT is not None:

@@ -29,7 +29,8 @@ def tempered_log_softmax(logits_XV: jax.Array, temperature: float | jax.Array = 
       temperature: a scalar or an array broadcastable to ``X`` (one temperature per row, e.g. per
         request in a decode batch). Non-positive entries mean ``T = 1``.
     """
-    temperature_X1 = jnp.expand_dims(jnp.asarray(temperature, jnp.float32), -1)
+    temperature_X = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), logits_XV.shape[:-1])
+    temperature_X1 = temperature_X[..., None]
     temperature_X1 = jnp.where(temperature_X1 > 0, temperature_X1, 1.0)
     return jax.nn.log_softmax(logits_XV.astype(jnp.float32) / temperature_X1, axis=-1)
 

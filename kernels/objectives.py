@@ -43,6 +43,7 @@ from kernels.algorithms import (
     PolicyObjective,
     configure,
 )
+from kernels.dtypes import float_dtype
 from kernels.errors import ObjectiveConfigError
 from kernels.kl import token_kl
 from kernels.preference import preference_loss
@@ -227,7 +228,7 @@ def policy_loss(
     if logp_old is None and config.ratio != "none":
         raise ObjectiveConfigError(f"algorithm {config.name!r} needs logp_old for its ratio")
     logp = jnp.asarray(logp)
-    dtype = jnp.promote_types(logp.dtype, jnp.float32)
+    dtype = float_dtype(logp)
 
     def constant(array_BT):
         return sg(jnp.where(mask_BT, array_BT, 0.0).astype(dtype))

@@ -20,6 +20,7 @@ from kernels.algorithms import (
     Objective,
     configure,
 )
+from kernels.dtypes import float_dtype
 from kernels.errors import ObjectiveConfigError
 from kernels.surrogate import unified_loss
 
@@ -32,7 +33,7 @@ def _sequence_sums(logp, logp_ref, mask):
     if mask_BT.ndim != 2:
         raise ObjectiveConfigError(f"mask must have shape [B, T], got {mask_BT.shape}")
     logp = jnp.asarray(logp)
-    dtype = jnp.promote_types(logp.dtype, jnp.float32)
+    dtype = float_dtype(logp)
     logp_B = jnp.sum(jnp.where(mask_BT, logp, 0.0).astype(dtype), axis=1)
     logp_ref_B = sg(jnp.sum(jnp.where(mask_BT, logp_ref, 0.0).astype(dtype), axis=1))
     return logp_B, logp_ref_B
@@ -118,7 +119,7 @@ def kto_loss(config: KTOObjective, logp, logp_ref, mask, desirable, reference_po
     log_ratio_B = logp_B - logp_ref_B
     def mean_reward(selected_B):
         total = jnp.sum(jnp.where(selected_B, log_ratio_B, 0.0))
-        return sg(config.beta * total / jnp.maximum(jnp.sum(selected_B), 1))
+        return sg(config.beta * total / jnp.maximum(jnp.sum(selected_B), 1).astype(total.dtype))
 
     metrics = dict(
         reference_point=z0,

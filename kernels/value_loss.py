@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.aggregation import Totals, aggregate
+from kernels.dtypes import float_dtype
 
 
 def value_loss(
@@ -41,7 +42,7 @@ def value_loss(
       The scalar loss in the promoted floating dtype of ``values_BT`` (at least float32).
     """
     mask_BT = jnp.asarray(mask_BT, bool)
-    dtype = jnp.promote_types(jnp.asarray(values_BT).dtype, jnp.float32)
+    dtype = float_dtype(jnp.asarray(values_BT))
     values_BT = jnp.where(mask_BT, values_BT, 0.0).astype(dtype)
     values_old_BT = jax.lax.stop_gradient(jnp.where(mask_BT, values_old_BT, 0.0).astype(dtype))
     returns_BT = jax.lax.stop_gradient(jnp.where(mask_BT, returns_BT, 0.0).astype(dtype))

@@ -181,8 +181,8 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
         p = jax.tree.map(jnp.array, params0)
         s = tx.init(p)
         for arrays, *_ in packed:
-            p, s, _ = bare_step(p, s, arrays["tokens_BT"], arrays["attention_BT"],
-                                arrays["mask_BS"].astype(jnp.float32), arrays["rewards_MG"])
+            p, s, _ = bare_step(p, s, arrays.tokens_BT, arrays.attention_BT,
+                                arrays.mask_BS.astype(jnp.float32), arrays.rewards_MG)
         jax.block_until_ready(p)
 
     ours()

@@ -1,5 +1,5 @@
-"""Suite-wide test settings: a persistent JAX compilation cache, hypothesis profiles, and the
-PostgreSQL server named by RLX_TEST_POSTGRES_URL (one fresh schema per test)."""
+"""Suite-wide test settings: strict JAX numerics, a persistent JAX compilation cache, hypothesis
+profiles, and the PostgreSQL server named by RLX_TEST_POSTGRES_URL (one fresh schema per test)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,21 @@ _ROOT = pathlib.Path(__file__).resolve().parent.parent
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_ROOT / ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Strict numerics: the package's JAX code must say what it means. Rank promotion "raise" rejects a
+# broadcast between arrays of different ranks (a [B] vector meeting a [B, S] array lines up with
+# the S axis, silently when B == S); only scalars broadcast implicitly. Dtype promotion "strict"
+# rejects every implicit promotion between different dtypes (int with float, float32 with float64
+# or bfloat16), the way a stray float64 or an integer count sneaks into a float32 loss; a Python
+# float still takes a float array's dtype (not an int array's). Code casts explicitly to the dtype
+# the standard promotion would pick (kernels.dtypes), so runs, which use JAX's defaults, compute
+# the same bits. Third-party arithmetic (optax's int32 step counts with float rates) runs under
+# standard promotion where it is called (runtime.trainer.step.standard_promotion). jax_debug_nans
+# stays off: padded slots may hold NaN by design (the objectives spec, §1) and are selected away.
+import jax  # after the environment above, which jax reads when it is imported
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 # "ci" is the default; "nightly" runs many more examples: HYPOTHESIS_PROFILE=nightly scripts/test
 settings.register_profile(

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from kernels.dtypes import promote_types
 from runtime.model.config import ModelConfig
 from runtime.model.rope import apply_rotary, rotary_angles
 
@@ -41,7 +42,11 @@ class RMSNorm(nn.Module):
         normed_BTD = (x32_BTD * jax.lax.rsqrt(var_BT1 + self.config.rms_norm_eps)).astype(
             x_BTD.dtype
         )
-        return (scale_D * normed_BTD).astype(self.config.compute_dtype)
+        # Explicit where strict numerics ask for it: the scale broadcasts over the leading axes
+        # and both operands go to their promoted dtype, as implicit promotion would.
+        dtype = promote_types(scale_D.dtype, normed_BTD.dtype)
+        scale_11D = scale_D.reshape((1,) * (normed_BTD.ndim - 1) + scale_D.shape).astype(dtype)
+        return (scale_11D * normed_BTD.astype(dtype)).astype(self.config.compute_dtype)
 
 
 class Attention(nn.Module):

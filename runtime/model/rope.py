@@ -48,7 +48,7 @@ def inverse_frequencies(config: ModelConfig) -> jax.Array:
 
 def rotary_angles(positions_BT: jax.Array, config: ModelConfig) -> jax.Array:
     """``angles_BTF = position * inv_freq_F``, float32."""
-    return positions_BT.astype(jnp.float32)[..., None] * inverse_frequencies(config)
+    return positions_BT.astype(jnp.float32)[..., None] * inverse_frequencies(config)[None, None, :]
 
 
 def apply_rotary(x_BTND: jax.Array, angles_BTF: jax.Array) -> jax.Array:

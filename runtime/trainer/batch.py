@@ -1,10 +1,13 @@
-"""Packing rollouts into the fixed-shape arrays of a train step (pure numpy, no JAX).
+"""Packing rollouts into the fixed-shape arrays of a train step (numpy; JAX only sees the result).
 
 A batch holds ``B = M·G`` rows — ``M`` groups of ``G`` completions of one prompt each, in
 training order (rollout-id order in deterministic mode). Row ``b`` is the prompt followed by the
 completion, right-padded to the fixed width ``T``; targets are ``tokens[:, 1:]``, so the
 log-prob of the token at position ``t + 1`` comes from the logits at ``t``. Fixed shapes mean one
 compiled step for the whole run, and make a step a pure function of its inputs.
+
+``TrainBatch`` is a registered pytree: :func:`pack` builds it with numpy arrays on the host,
+``jax.device_put`` moves it whole, and the jitted step takes it as one argument.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from runtime.errors import RlxError
@@ -29,9 +33,10 @@ class Sample:
     policy_version: int
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainBatch:
-    """Arrays of one train step.
+    """Arrays of one train step: numpy from :func:`pack`, device arrays inside the step.
 
     Attributes:
       tokens_BT: int32 prompt + completion, right-padded with ``pad_id``.
@@ -42,12 +47,12 @@ class TrainBatch:
       versions_B: int32 policy version each row was sampled from.
     """
 
-    tokens_BT: np.ndarray
-    attention_BT: np.ndarray
-    mask_BS: np.ndarray
-    behaviour_BS: np.ndarray
-    rewards_MG: np.ndarray
-    versions_B: np.ndarray
+    tokens_BT: np.ndarray | jax.Array
+    attention_BT: np.ndarray | jax.Array
+    mask_BS: np.ndarray | jax.Array
+    behaviour_BS: np.ndarray | jax.Array
+    rewards_MG: np.ndarray | jax.Array
+    versions_B: np.ndarray | jax.Array
 
     @property
     def size(self) -> int:

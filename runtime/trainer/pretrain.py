@@ -24,6 +24,7 @@ from runtime.config import PretrainConfig
 from runtime.errors import UsageError
 from runtime.model import PAD_ID, Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
+from runtime.trainer.step import standard_promotion
 
 
 def pack_supervised(task: Task, codec: TextCodec, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,7 +50,7 @@ def _sft_step(params, opt_state, tokens_BT, attention_BT, mask_BS, *, model_conf
         logits = forward(p, tokens_BT, attention_BT, config=model_config)[:, :-1]
         logp = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(logp, tokens_BT[:, 1:, None], axis=-1)[..., 0]
-        return jnp.sum(jnp.where(mask_BS, nll, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1)
+        return jnp.sum(jnp.where(mask_BS, nll, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1).astype(nll.dtype)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -61,7 +62,7 @@ class _Adam:
 
     def __init__(self, lr: float):
         self.lr = lr
-        self.tx = optax.adamw(lr)
+        self.tx = standard_promotion(optax.adamw(lr))
 
     def __hash__(self):
         return hash(("adamw", self.lr))

@@ -22,11 +22,13 @@ import jax.numpy as jnp
 import optax
 
 from kernels.advantages import gae_advantages, group_advantages, token_rewards, whiten
+from kernels.aggregation import masked_mean
 from kernels.algorithms import DPOObjective, KTOObjective, Objective, PolicyObjective
 from kernels.kl import token_kl
 from kernels.logprobs import token_logprobs_and_entropy
 from kernels.objectives import policy_loss, preference_loss
 from runtime.model import ModelConfig, forward
+from runtime.trainer.batch import TrainBatch
 
 sg = jax.lax.stop_gradient
 
@@ -53,9 +55,28 @@ class StepConfig:
         )
 
 
+def standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` with its ``init`` and ``update`` traced under JAX's standard dtype promotion.
+
+    optax combines int32 step counts with float rates (``b1 ** count``), which strict promotion
+    (the tests' setting, for this package's own code) rejects. Standard promotion is also what
+    every run uses, so the optimizer's arithmetic, and its bits, are optax's own.
+    """
+
+    def init(params):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.init(params)
+
+    def update(updates, state, params=None):
+        with jax.numpy_dtype_promotion("standard"):
+            return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
     """Global-norm clipping then AdamW (decoupled weight decay)."""
-    return optax.chain(
+    return standard_promotion(optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
         optax.adamw(
             config.learning_rate,
@@ -64,7 +85,7 @@ def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         ),
-    )
+    ))
 
 
 def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
@@ -79,13 +100,8 @@ def score(params, tokens_BT, attention_BT, *, config: StepConfig) -> jax.Array:
     return logp_BS
 
 
-def _masked_mean(x_BS, mask_BS):
-    return jnp.sum(jnp.where(mask_BS, x_BS, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1)
-
-
-def _advantages(o: PolicyObjective, batch, logp_old_BS, logp_ref_BS, mask_BS):
+def _advantages(o: PolicyObjective, rewards_MG, logp_old_BS, logp_ref_BS, mask_BS):
     """Advantages ``[B]`` or ``[B, S]`` with the algorithm's estimator and KL-in-reward."""
-    rewards_MG = batch["rewards_MG"]
     M, G = rewards_MG.shape
     kl_in_reward = o.kl_placement == "reward" and o.kl_coef > 0
     kl_BS = None
@@ -131,14 +147,15 @@ def _preference(o, logp_BS, logp_ref_BS, mask_BS, rewards_MG):
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("params", "opt_state"))
-def train_step(params, opt_state, batch, logp_old_BS, logp_ref_BS, current_B, *, config: StepConfig):
+def train_step(
+    params, opt_state, batch: TrainBatch, logp_old_BS, logp_ref_BS, current_B, *, config: StepConfig
+):
     """One optimizer step on one batch. DONATES params, opt_state.
 
     Args:
       params: the policy's parameters (version ``s - 1``).
       opt_state: the optimizer state that goes with them.
-      batch: dict of the ``TrainBatch`` arrays (``tokens_BT``, ``attention_BT``, ``mask_BS``,
-        ``behaviour_BS``, ``rewards_MG``).
+      batch: the packed batch, as device arrays (``jax.device_put`` of :func:`pack`'s result).
       logp_old_BS: recomputed old log-probs of rows not sampled from ``params`` (ignored on
         ``current_B`` rows).
       logp_ref_BS: reference-model log-probs (zeros when the objective needs none).
@@ -149,28 +166,28 @@ def train_step(params, opt_state, batch, logp_old_BS, logp_ref_BS, current_B, *,
       ``(params, opt_state, metrics)`` with scalar float32 metrics.
     """
     o = config.objective
-    mask_BS = batch["mask_BS"]
-    behaviour_BS = batch["behaviour_BS"]
+    mask_BS = batch.mask_BS
+    behaviour_BS = batch.behaviour_BS
 
     def loss_fn(p):
-        logp_BS, entropy_BS = _token_logprobs(p, batch["tokens_BT"], batch["attention_BT"], config)
+        logp_BS, entropy_BS = _token_logprobs(p, batch.tokens_BT, batch.attention_BT, config)
         old_BS = jnp.where(current_B[:, None], sg(logp_BS), logp_old_BS)
         if isinstance(o, PolicyObjective):
-            advantages = _advantages(o, batch, old_BS, logp_ref_BS, mask_BS)
+            advantages = _advantages(o, batch.rewards_MG, old_BS, logp_ref_BS, mask_BS)
             loss, metrics = policy_loss(
                 o, logp=logp_BS, logp_old=old_BS, logp_ref=logp_ref_BS,
                 advantages=advantages, mask=mask_BS, logp_behaviour=behaviour_BS,
             )
         else:
-            loss, metrics = _preference(o, logp_BS, logp_ref_BS, mask_BS, batch["rewards_MG"])
+            loss, metrics = _preference(o, logp_BS, logp_ref_BS, mask_BS, batch.rewards_MG)
         delta_BS = jnp.abs(old_BS - behaviour_BS)
         metrics = dict(metrics)
         metrics.update(
-            entropy=_masked_mean(sg(entropy_BS), mask_BS),
-            kl_ref=_masked_mean(token_kl(sg(logp_BS), logp_ref_BS, "k3", mask_BT=mask_BS), mask_BS)
+            entropy=masked_mean(sg(entropy_BS), mask_BS),
+            kl_ref=masked_mean(token_kl(sg(logp_BS), logp_ref_BS, "k3", mask_BT=mask_BS), mask_BS)
             if config.needs_reference else jnp.zeros((), jnp.float32),
             logprob_mismatch_max=jnp.max(jnp.where(mask_BS, delta_BS, 0.0)),
-            logprob_mismatch_mean=_masked_mean(delta_BS, mask_BS),
+            logprob_mismatch_mean=masked_mean(delta_BS, mask_BS),
         )
         return loss, metrics
 
@@ -180,7 +197,7 @@ def train_step(params, opt_state, batch, logp_old_BS, logp_ref_BS, current_B, *,
     metrics.update(
         loss=loss,
         grad_norm=optax.tree.norm(grads),
-        reward_mean=jnp.mean(batch["rewards_MG"]),
+        reward_mean=jnp.mean(batch.rewards_MG),
         response_tokens=jnp.sum(mask_BS).astype(jnp.float32) / mask_BS.shape[0],
     )
     return params, opt_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}

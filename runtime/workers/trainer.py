@@ -74,8 +74,9 @@ class StepTrainer:
         return self._versions[version]
 
     def prepare(self, task: TrainTask):
-        """The step's inputs: ``(batch, arrays, current_B, logp_old_BS, logp_ref_BS)`` — the packed
-        batch, its device arrays, the on-policy rows, recomputed old and reference log-probs."""
+        """The step's inputs: ``(batch, device_batch, current_B, logp_old_BS, logp_ref_BS)`` — the
+        packed batch on the host and on the device, the on-policy rows, recomputed old and
+        reference log-probs."""
         samples = []
         for r in task.rollouts:
             problem = self.task.problem("train", r.request.prompt_index)
@@ -87,13 +88,7 @@ class StepTrainer:
                 policy_version=int(r.completion.policy_version),
             ))
         batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=PAD_ID)
-        arrays = {
-            "tokens_BT": jnp.asarray(batch.tokens_BT),
-            "attention_BT": jnp.asarray(batch.attention_BT),
-            "mask_BS": jnp.asarray(batch.mask_BS),
-            "behaviour_BS": jnp.asarray(batch.behaviour_BS),
-            "rewards_MG": jnp.asarray(batch.rewards_MG),
-        }
+        device_batch = jax.device_put(batch)
         current = batch.versions_B == task.parent_version
         logp_old = np.zeros(batch.mask_BS.shape, np.float32)
         for v in sorted(set(batch.versions_B.tolist()) - {task.parent_version}):
@@ -104,18 +99,19 @@ class StepTrainer:
                     f"step {task.step} needs version {v} for the old log-probs of its rollouts, but the "
                     f"parameter store no longer has it (stored: {list(self.store.versions())})"
                 )
-            logp_old[rows] = np.asarray(score(vp, arrays["tokens_BT"], arrays["attention_BT"], config=self.config))[rows]
+            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, config=self.config)
+            logp_old[rows] = np.asarray(logp_BS)[rows]
         if self.config.needs_reference:
-            logp_ref = score(self._reference, arrays["tokens_BT"], arrays["attention_BT"], config=self.config)
+            logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, config=self.config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
-        return batch, arrays, jnp.asarray(current), jnp.asarray(logp_old), logp_ref
+        return batch, device_batch, jnp.asarray(current), jnp.asarray(logp_old), logp_ref
 
     def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
         params, opt_state = self._parent(task.parent_version, task.parent_digest)
-        batch, arrays, current, logp_old, logp_ref = self.prepare(task)
+        batch, device_batch, current, logp_old, logp_ref = self.prepare(task)
         new_params, new_opt, metrics = train_step(
-            params, opt_state, arrays, logp_old, logp_ref, current, config=self.config
+            params, opt_state, device_batch, logp_old, logp_ref, current, config=self.config
         )
         failpoint("trainer.step")
         metrics = {k: float(v) for k, v in sorted(metrics.items())}

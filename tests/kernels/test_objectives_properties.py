@@ -127,15 +127,15 @@ def sequence_advantages(clean, mask):
 
 
 def reference_gspo(clean, mask, logp, *, low, high):
-    lengths = jnp.maximum(mask.sum(axis=1), 1)
+    lengths = np.maximum(mask.sum(axis=1), 1).astype(np.float64)
     log_s = jnp.sum(jnp.where(mask, logp - clean["logp_old"], 0.0), axis=1) / lengths
     advantages = sequence_advantages(clean, mask)
     per_sequence = ppo_clip_terms(jnp.exp(log_s), advantages, low, high)
-    return jnp.sum(jnp.where(mask.any(axis=1), per_sequence, 0.0)) / mask.any(axis=1).sum()
+    return jnp.sum(jnp.where(mask.any(axis=1), per_sequence, 0.0)) / float(mask.any(axis=1).sum())
 
 
 def reference_gspo_token(clean, mask, logp, *, low, high):
-    lengths = jnp.maximum(mask.sum(axis=1), 1)
+    lengths = np.maximum(mask.sum(axis=1), 1).astype(np.float64)
     log_s = jnp.sum(jnp.where(mask, logp - clean["logp_old"], 0.0), axis=1) / lengths
     log_s_token = sg(log_s)[:, None] + logp - sg(logp)
     advantages = jnp.broadcast_to(jnp.reshape(clean["advantages"], (ROWS, -1)), mask.shape)
@@ -157,7 +157,7 @@ def reference_reinforce(clean, mask, logp, *, mode):
 def reference_rloo_trl(clean, mask, logp):
     log_rho = jnp.sum(jnp.where(mask, logp - clean["logp_old"], 0.0), axis=1)
     per_sequence = ppo_clip_terms(jnp.exp(log_rho), sequence_advantages(clean, mask), 0.2, 0.2)
-    return jnp.sum(jnp.where(mask.any(axis=1), per_sequence, 0.0)) / mask.any(axis=1).sum()
+    return jnp.sum(jnp.where(mask.any(axis=1), per_sequence, 0.0)) / float(mask.any(axis=1).sum())
 
 
 CASES = {

@@ -22,6 +22,7 @@ from runtime.params import (
 )
 from runtime.params import manifest as layout
 from runtime.params.digest import numpy_dtype
+from runtime.trainer.step import standard_promotion
 
 
 def bits(x) -> bytes:
@@ -74,12 +75,13 @@ class StoreContract:
     @pytest.mark.parametrize(
         "optimizer",
         [
-            optax.adam(1e-3),
-            optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)),
-            optax.multi_transform(
+            # As the trainer runs them: under standard promotion, which optax's arithmetic needs.
+            standard_promotion(optax.adam(1e-3)),
+            standard_promotion(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))),
+            standard_promotion(optax.multi_transform(
                 {"a": optax.adam(1e-3), "b": optax.sgd(1e-2, momentum=0.9)},
                 {"Dense_0": "a", "Embed_0": "b", "scale": "a", "nan_and_inf": "b"},
-            ),
+            )),
         ],
         ids=["adam", "chain", "multi_transform"],
     )
