@@ -185,6 +185,10 @@ class PolicyObjective:
                 "aggregation 'group_token_mean' needs group_size, the responses per prompt; "
                 "got None"
             )
+        if self.overlong_buffer is not None and self.max_length is None:
+            raise _Checker(self).fail(
+                "overlong_buffer needs max_length, the configured maximum response length; got None"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -188,7 +188,7 @@ def step_config(config: Config, model):
     return StepConfig(
         model=model.config, objective=config.objective(),
         learning_rate=t.learning_rate, weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, temperature=config.sampling.temperature,
+        max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, temperature=config.sampling.temperature,
     )
 
 

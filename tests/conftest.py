@@ -8,7 +8,6 @@ import pathlib
 import uuid
 
 import pytest
-
 from hypothesis import HealthCheck, settings
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -28,7 +27,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # the same bits. Third-party arithmetic (optax's int32 step counts with float rates) runs under
 # standard promotion where it is called (runtime.trainer.step.standard_promotion). jax_debug_nans
 # stays off: padded slots may hold NaN by design (the objectives spec, §1) and are selected away.
-import jax  # after the environment above, which jax reads when it is imported
+import jax  # noqa: E402 - after the environment above, which jax reads when it is imported
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")

@@ -27,6 +27,7 @@ from kernels.algorithms import DPOObjective, KTOObjective, Objective, PolicyObje
 from kernels.kl import token_kl
 from kernels.logprobs import token_logprobs_and_entropy
 from kernels.objectives import policy_loss, preference_loss
+from kernels.reward_shaping import overlong_penalty
 from runtime.model import ModelConfig, forward
 from runtime.trainer.batch import TrainBatch
 
@@ -42,6 +43,7 @@ class StepConfig:
     learning_rate: float = 1e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    warmup_steps: int = 0
     adam_b1: float = 0.9
     adam_b2: float = 0.999
     adam_eps: float = 1e-8
@@ -75,11 +77,19 @@ def standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransf
 
 
 def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW (decoupled weight decay)."""
+    """Global-norm clipping then AdamW (decoupled weight decay). With ``warmup_steps`` the
+    learning rate rises linearly over the first steps, ``lr · min(1, (n + 1) / warmup_steps)`` at
+    step ``n`` (0-based), so the first step already moves; without, it is the constant ``lr``."""
+    lr = config.learning_rate
+    if config.warmup_steps > 0:
+        warmup = config.warmup_steps
+        learning_rate = lambda count: lr * jnp.minimum(1.0, (count + 1) / warmup)  # noqa: E731
+    else:
+        learning_rate = lr
     return standard_promotion(optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
         optax.adamw(
-            config.learning_rate,
+            learning_rate,
             b1=config.adam_b1,
             b2=config.adam_b2,
             eps=config.adam_eps,
@@ -103,6 +113,11 @@ def score(params, tokens_BT, attention_BT, *, config: StepConfig) -> jax.Array:
 def _advantages(o: PolicyObjective, rewards_MG, logp_old_BS, logp_ref_BS, mask_BS):
     """Advantages ``[B]`` or ``[B, S]`` with the algorithm's estimator and KL-in-reward."""
     M, G = rewards_MG.shape
+    if o.overlong_buffer is not None:  # DAPO's soft overlong punishment, before any advantage
+        lengths_B = jnp.sum(mask_BS, axis=1)
+        rewards_MG = rewards_MG + overlong_penalty(
+            lengths_B, max_length=o.max_length, buffer_length=o.overlong_buffer
+        ).reshape(M, G)
     kl_in_reward = o.kl_placement == "reward" and o.kl_coef > 0
     kl_BS = None
     if kl_in_reward:

@@ -197,3 +197,36 @@ def test_the_reference_reproduces_the_spec_examples():
     np.testing.assert_allclose(grad, want, atol=1e-6)
     # A group of equal rewards carries no signal.
     np.testing.assert_array_equal(ref.grpo_advantages(np.full((1, 3), 0.5), eps=1e-6), [0, 0, 0])
+
+
+def test_warmup_scales_each_early_update_by_its_step():
+    """``trainer.warmup_steps``: the n-th update (0-based) is ``min(1, (n + 1) / warmup)`` of the
+    constant-rate one. With a constant gradient Adam's bias-corrected step is the same every time,
+    so the ratio of the two optimizers' updates is the schedule itself."""
+    model = ModelConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=1, num_kv_heads=1, intermediate_size=8)
+    base = StepConfig(model=model, objective=configure("reinforce"), learning_rate=0.1)
+    warm = StepConfig(model=model, objective=configure("reinforce"), learning_rate=0.1, warmup_steps=4)
+    params = {"w": jnp.ones((3,), jnp.float32)}
+    grads = {"w": jnp.asarray([0.5, -1.0, 2.0], jnp.float32)}
+    plain, ramped = make_optimizer(base), make_optimizer(warm)
+    s_plain, s_ramped = plain.init(params), ramped.init(params)
+    for n in range(6):
+        u_plain, s_plain = plain.update(grads, s_plain, params)
+        u_ramped, s_ramped = ramped.update(grads, s_ramped, params)
+        # The schedule is exact in float32 up to one rounding of lr * fraction.
+        np.testing.assert_allclose(u_ramped["w"], min(1.0, (n + 1) / 4) * u_plain["w"], rtol=1e-6)
+
+
+def test_the_overlong_buffer_punishes_long_completions_before_the_advantages():
+    """DAPO's ``overlong_buffer``: equal task rewards, one completion at the maximum length, so
+    only the length penalty (-1 at ``max_length``) can separate the two advantages."""
+    from runtime.trainer.step import _advantages
+
+    rewards_MG = jnp.asarray([[1.0, 1.0]], jnp.float32)
+    mask_BS = jnp.asarray([[True] * 2 + [False] * 6, [True] * 8], bool)  # lengths 2 and 8
+    logp_BS = jnp.zeros((2, 8), jnp.float32)
+    plain = configure("dapo", group_size=2, max_length=8)
+    punished = configure("dapo", group_size=2, max_length=8, overlong_buffer=4)
+    assert np.all(np.asarray(_advantages(plain, rewards_MG, logp_BS, logp_BS, mask_BS)) == 0.0)
+    adv = np.asarray(_advantages(punished, rewards_MG, logp_BS, logp_BS, mask_BS))
+    assert adv[0] > 0 > adv[1]  # the short one is better once the long one loses its length reward
