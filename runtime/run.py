@@ -97,12 +97,18 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         retirer = _Retirer(pstore)
         ctrl = ControllerLoop.create(
             store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
-            seed=config.run.seed, fingerprint=fingerprint(session.sandbox), lease_timeout_s=config.workers.lease_timeout_s,
+            seed=config.run.seed, fingerprint=_fingerprint(session), lease_timeout_s=config.workers.lease_timeout_s,
             on_retire=retirer,
         )
         return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log)
     finally:
         store.close()
+
+
+def _fingerprint(session: Session) -> dict:
+    """What ``RunStarted`` records of this machine: the stack the bits depend on and, for a task
+    that runs code, the sandbox's isolation and how each limit binds."""
+    return {**fingerprint(), **({} if session.sandbox is None else {"sandbox": session.sandbox})}
 
 
 def _check_new_run(rundir: RunDir, ledger_url: str, params_url: str, run_name: str) -> None:
@@ -173,7 +179,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
                 f"version {state.latest} is in the ledger but missing from the parameter store {params_url}; "
                 "`rlx replay` re-derives it"
             )
-        here = fingerprint(session.sandbox)
+        here = _fingerprint(session)
         changed = fingerprint_diff(first.fingerprint, here)
         if changed:
             what = ", ".join(f"{k} {v['recorded']!r} → {v['current']!r}" for k, v in changed.items())

@@ -24,9 +24,8 @@ from runtime.errors import UsageError
 Log = Callable[[str], None]
 
 
-def fingerprint(sandbox: str | None = None) -> dict:
-    """The software/hardware stack the run's bits depend on (recorded in ``RunStarted``), and the
-    code sandbox's isolation and limits (``sandbox``) when the run's task runs code."""
+def fingerprint() -> dict:
+    """The software/hardware stack the run's bits depend on (recorded in ``RunStarted``)."""
     import jax
     import jaxlib
 
@@ -50,7 +49,6 @@ def fingerprint(sandbox: str | None = None) -> dict:
         "cpu": cpu,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        **({} if sandbox is None else {"sandbox": sandbox}),
     }
 
 
