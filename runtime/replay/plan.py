@@ -124,23 +124,23 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
                 decision_run_end[p] = pending[-1]
             pending = []
         pending.append(seq)
-        if kind is ev.RolloutRequested:
+        if type(e) is ev.RolloutRequested:
             for q in e.samples():
                 requests[q.rollout_id] = q
-        elif kind is ev.RolloutCompleted:
+        elif type(e) is ev.RolloutCompleted:
             completions.setdefault(e.rollout_id, (seq, e))
-        elif kind is ev.OutcomeRecorded:
+        elif type(e) is ev.OutcomeRecorded:
             outcomes.setdefault(e.rollout_id, e)
-        elif kind is ev.BatchFormed:
+        elif type(e) is ev.BatchFormed:
             batches.setdefault(e.step, (seq, e))
-        elif kind is ev.TrainStepCompleted:
+        elif type(e) is ev.TrainStepCompleted:
             trained.setdefault(e.step, (seq, e))
-        elif kind is ev.WeightsPublished:
+        elif type(e) is ev.WeightsPublished:
             published.setdefault(e.version, Published(seq, e))
-        elif kind is ev.VersionsRetired:
+        elif type(e) is ev.VersionsRetired:
             for v in e.versions:
                 retired_at.setdefault(int(v), seq)
-        elif kind is ev.RunStarted and run is None:
+        elif type(e) is ev.RunStarted and run is None:
             run = e
     for p in pending:
         decision_run_end[p] = pending[-1]
