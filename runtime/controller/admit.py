@@ -21,15 +21,15 @@ from ledger import events as ev
 from runtime.controller.spec import ControllerSpec
 from runtime.controller.state import Request
 
-K = TypeVar("K", contravariant=True)
-V = TypeVar("V", covariant=True)
+_K = TypeVar("_K", contravariant=True)
+_V = TypeVar("_V", covariant=True)
 
 
-class Lookup(Protocol[K, V]):
+class Lookup(Protocol[_K, _V]):
     """What the guards read of a map: a ``Map`` or a ``MapMutation``."""
 
-    def get(self, key: K, /) -> V | None: ...
-    def __getitem__(self, key: K, /) -> V: ...
+    def get(self, key: _K, /) -> _V | None: ...
+    def __getitem__(self, key: _K, /) -> _V: ...
     def __contains__(self, key: object, /) -> bool: ...
 
 
