@@ -244,7 +244,7 @@ class KTOObjective:
 
 Objective = PolicyObjective | DPOObjective | KTOObjective
 
-_GROUP = dict(estimator="grpo", ratio="token", clip="ppo")
+_GROUP: dict[str, Any] = dict(estimator="grpo", ratio="token", clip="ppo")
 ALGORITHMS: Mapping[str, Objective] = types.MappingProxyType({
     "reinforce": PolicyObjective(
         "reinforce", estimator="reinforce", ratio="none", clip="none",

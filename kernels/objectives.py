@@ -241,7 +241,7 @@ def policy_loss(
         advantages = advantages[:, None]
     advantages_BT = constant(jnp.broadcast_to(advantages, mask_BT.shape))
     lengths_B = jnp.sum(mask_BT, axis=1, dtype=jnp.int32)
-    weight_options = dict(totals=totals, max_length=config.max_length, group_size=config.group_size)
+    weight_options: dict[str, Any] = dict(totals=totals, max_length=config.max_length, group_size=config.group_size)
     agg_BT = token_weights(mask_BT, config.aggregation, dtype=dtype, **weight_options)
 
     log_ratio_BT = sg(logp_BT) - logp_old_BT

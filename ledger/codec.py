@@ -69,6 +69,7 @@ def _pack_array(a: np.ndarray) -> msgpack.ExtType:
     if head is None:
         a = a.astype(a.dtype.newbyteorder("<"))
         head = _array_head(a.dtype, a.ndim)
+        assert head is not None  # a little-endian dtype has a head
     prefix, dims = head
     # ``ExtType(code, data)`` checks its arguments in Python; these are known good.
     return _new_tuple(msgpack.ExtType, (ARRAY_EXT, prefix + dims.pack(*a.shape) + a.tobytes(order="C")))
@@ -116,7 +117,7 @@ def canonical(value: Any) -> Any:
     if isinstance(value, np.generic):
         return _pack_array(np.asarray(value))
     if isinstance(value, (str, int, float, bytes)):  # subclasses (e.g. IntEnum, bool is handled)
-        base = next(b for b in (bool, int, float, str, bytes) if isinstance(value, b))
+        base: type = next(b for b in (bool, int, float, str, bytes) if isinstance(value, b))
         return base(value)
     raise CodecError(
         f"cannot encode value of type {t.__name__}: accepted are None, bool, int, float, str, "
@@ -171,7 +172,7 @@ def _packer() -> msgpack.Packer:
 
 def encode_body(ev: Event) -> bytes:
     """The canonical body bytes of an event (its fields as a sorted map)."""
-    names = _sorted_fields(type(ev))
+    names = _sorted_fields(type(ev))  # type: ignore[arg-type]  # a class is hashable (mypy#11470)
     if names is None:
         raise CodecError(f"not an event: {type(ev).__name__}")
     fields = ev.__dict__

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, dataclass_transform
 
 import numpy as np
 
@@ -33,6 +33,8 @@ class Event:
     VERSION: ClassVar[int]
 
     FIELDS: ClassVar[tuple[str, ...]]
+    # Declared for the type checker: ``@event`` makes every subclass a dataclass.
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def fields(self) -> Body:
         """The event's fields as a dict, in declaration order (not a deep copy)."""
@@ -41,7 +43,7 @@ class Event:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self.first_difference(other) is None  # type: ignore[arg-type]
+        return self.first_difference(other) is None
 
     def first_difference(self, other: Event) -> str | None:
         """The name of the first field (in declaration order) whose values differ, or None.
@@ -101,7 +103,7 @@ class Registry:
     def register(self, cls: type[Event]) -> type[Event]:
         if cls.KIND in self._classes and self._classes[cls.KIND] is not cls:
             raise ValueError(f"event kind {cls.KIND!r} registered twice")
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        fields = dataclasses.fields(cls)
         self._classes[cls.KIND] = cls
         self._field_names[cls.KIND] = tuple(f.name for f in fields)
         self.current[cls.KIND] = (cls, cls.VERSION, tuple(sorted(f.name for f in fields)))
@@ -140,10 +142,11 @@ class Registry:
 EVENTS = Registry()
 
 
-def event(kind: str, version: int = 1, registry: Registry = EVENTS) -> Callable[[type], type]:
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+def event(kind: str, version: int = 1, registry: Registry = EVENTS) -> Callable[[type[Event]], type[Event]]:
     """Class decorator: make a frozen event dataclass of ``kind`` at schema ``version``."""
 
-    def wrap(cls: type) -> type:
+    def wrap(cls: type[Event]) -> type[Event]:
         cls.KIND = kind
         cls.VERSION = version
         dc = dataclasses.dataclass(frozen=True, eq=False)(cls)

@@ -21,7 +21,8 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -39,6 +40,9 @@ from ledger.errors import (
 from ledger.events import EVENTS, Registry
 from ledger.sqlite_file import EXPECTED, check_database_file, readonly_uri, writable_uri
 from ledger.store import SQLITE_SYNCHRONOUS, EventStore, Head, RawRecord, append_chain
+
+if TYPE_CHECKING:
+    import psycopg
 
 FORMAT = "rlx-ledger"
 SCHEMA_VERSION = "1"
@@ -250,7 +254,7 @@ class _SqlStore(EventStore):
             self._after_append(conn, run_id)
             return Head(rows[-1][1], rows[-1][5])
 
-    def _chunk(self, run_id: str, from_seq: int, to_seq: int | None, limit: int) -> list:
+    def _chunk(self, run_id: str, from_seq: int, to_seq: int | None, limit: int) -> Sequence[Any]:
         q = sa.select(_ev.seq, _ev.kind, _ev.version, _ev.body, _ev.digest, _ev.epoch, _ev.wall_time).where(
             _ev.run_id == run_id, _ev.seq >= from_seq
         )
@@ -293,7 +297,7 @@ class _SqlStore(EventStore):
                 .group_by(_ev.kind)
                 .order_by(_ev.kind)
             ).all()
-            per_run = dict(
+            per_run: dict[str, int] = dict(
                 conn.execute(sa.select(_ev.run_id, sa.func.count()).group_by(_ev.run_id)).all()
             )
         runs = {r: int(per_run.get(r, 0)) for r in self.runs()}
@@ -476,15 +480,17 @@ class SqliteStore(_SqlStore):
         "WHERE run_id = ? AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?"
     )
 
-    def _chunk(self, run_id: str, from_seq: int, to_seq: int | None, limit: int) -> list:
+    def _chunk(self, run_id: str, from_seq: int, to_seq: int | None, limit: int) -> Sequence[Any]:
         """Records straight from the stdlib cursor (plain tuples): reading a long log is the
         replay's hot path. One statement is one consistent read in autocommit mode."""
         import sqlite3
 
         upper = (1 << 63) - 1 if to_seq is None else to_seq
         with self._read_engine.connect() as sa_conn:
+            dbapi = sa_conn.connection.dbapi_connection
+            assert dbapi is not None  # an open connection has its driver connection
             try:
-                return sa_conn.connection.dbapi_connection.execute(
+                return dbapi.execute(
                     self._CHUNK_SQL, (run_id, from_seq, upper, limit)
                 ).fetchall()
             except sqlite3.DatabaseError as e:
@@ -511,14 +517,17 @@ class PostgresStore(_SqlStore):
             u = u.set(drivername="postgresql+psycopg")
         # Durability is not left to the server's default: every session commits synchronously.
         # A read-only store's sessions refuse every write on the server's side too.
-        options = u.query.get("options", "") + " -c synchronous_commit=on"
+        options = u.query.get("options", "")
+        if not isinstance(options, str):  # ?options= given more than once
+            raise LedgerError(f"the ledger URL gives options {len(options)} times; give them once")
+        options += " -c synchronous_commit=on"
         if readonly:
             options += " -c default_transaction_read_only=on"
         options = options.strip()
         u = u.update_query_dict({"options": options})
         self._conninfo = u.set(drivername="postgresql").render_as_string(hide_password=False)
         engine = sa.create_engine(u, pool_pre_ping=True)
-        self._listener = None
+        self._listener: psycopg.Connection | None = None
         try:
             super().__init__(url, engine, engine, create=create,
                              readonly=readonly, registry=registry)

@@ -112,10 +112,13 @@ class Section:
     """Base of the config sections: type-checks every field, then runs ``check``."""
 
     NAME: typing.ClassVar[str]
+    # Declared for the type checker: every section is a dataclass.
+    __dataclass_fields__: typing.ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = _coerce(f"{self.NAME}.{f.name}", getattr(self, f.name), _hints(type(self))[f.name])
+        for f in dataclasses.fields(self):
+            hint = _hints(type(self))[f.name]  # type: ignore[arg-type]  # a class is hashable (mypy#11470)
+            value = _coerce(f"{self.NAME}.{f.name}", getattr(self, f.name), hint)
             object.__setattr__(self, f.name, value)
         self.check()
 
@@ -437,7 +440,7 @@ class Config:
         """Build and validate a config from nested tables (missing fields take defaults)."""
         if not isinstance(data, Mapping):
             raise _fail("config", data, "it must be a table of sections")
-        sections = {}
+        sections: dict[str, Any] = {}  # section name -> the section of that name
         for name, table in data.items():
             if name not in SECTIONS:
                 raise _fail("config section", name, "accepted: " + ", ".join(SECTIONS))

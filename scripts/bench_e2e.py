@@ -108,6 +108,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     import jax.numpy as jnp
     import optax
 
+    from ledger import events as ev
     from ledger import open_store
     from runtime.config import Config
     from runtime.controller.workers import TrainRollout, TrainTask
@@ -119,13 +120,15 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
 
     with open_store(out) as store:
         events = [s.event for s in store.read("run")]
-    config = Config.from_dict(events[0].config)
+    started = events[0]
+    assert isinstance(started, ev.RunStarted)  # a ledger begins with its run
+    config = Config.from_dict(started.config)
     session = build_session(config, log=lambda m: None)
     step_config = session.step_config
-    requests = {q.rollout_id: q for e in events if e.KIND == "RolloutRequested" for q in e.samples()}
-    completions = {e.rollout_id: e for e in events if e.KIND == "RolloutCompleted"}
-    outcomes = {e.rollout_id: e for e in events if e.KIND == "OutcomeRecorded"}
-    batches = [e for e in events if e.KIND == "BatchFormed"]
+    requests = {q.rollout_id: q for e in events if isinstance(e, ev.RolloutRequested) for q in e.samples()}
+    completions = {e.rollout_id: e for e in events if isinstance(e, ev.RolloutCompleted)}
+    outcomes = {e.rollout_id: e for e in events if isinstance(e, ev.OutcomeRecorded)}
+    batches = [e for e in events if isinstance(e, ev.BatchFormed)]
     tasks = [TrainTask(b.step, b.step - 1, "", b, tuple(TrainRollout(requests[r], completions[r], outcomes[r])
                                                         for r in b.rollout_ids)) for b in batches]
     trainer = StepTrainer("bench", session.model, session.task, session.codec, ParamStore.open("memory://bench-e2e", create=True),

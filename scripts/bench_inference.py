@@ -41,6 +41,7 @@ import os
 import platform
 import tempfile
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -105,7 +106,7 @@ def logprob_alignment(model, prompts, completions) -> tuple[float, float]:
         logits = np.asarray(forward(model.params, tokens, mask, config=model.config))
         for b, (p, c) in enumerate(batch):
             rows = logits[b, len(p) - 1 : len(p) - 1 + c.tokens.size]
-            trainer = np.asarray(token_logprobs(rows, c.tokens, 1.0))
+            trainer = np.asarray(token_logprobs(jax.numpy.asarray(rows), c.tokens, 1.0))
             diffs.append(np.abs(trainer - c.logprobs))
     all_diffs = np.concatenate(diffs)
     return float(all_diffs.max()), float(all_diffs.mean())
@@ -188,7 +189,8 @@ def main() -> None:
     hf_times: dict[int, list[float]] = {}
     if hf is not None:
         import torch
-    best: dict[str, tuple[float, object] | None] = {"continuous": None, "static": None, "hf": None}
+    # name -> (seconds, engine stats or HF's token count) of the fastest repeat, None before one
+    best: dict[str, Any] = {"continuous": None, "static": None, "hf": None}
     outputs, mismatched = {}, None
     for _ in range(args.repeats):  # interleaved, so that load on the machine hits all alike
         for batching in ("continuous", "static"):

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -31,7 +32,7 @@ def make_params(total_mb: float, *, d_model: int = 512, seed: int = 0) -> dict:
     """A decoder-shaped tree: float32 embedding and norms, bfloat16 layer matrices."""
     rng = np.random.default_rng(seed)
     vocab = 8192
-    tree = {"embed": rng.standard_normal((vocab, d_model), dtype=np.float32)}
+    tree: dict[str, Any] = {"embed": rng.standard_normal((vocab, d_model), dtype=np.float32)}
     layer_bytes = 12 * d_model * d_model * 2  # qkv+o (4 d²) + mlp (8 d²), bfloat16
     budget = total_mb * 1e6 - tree["embed"].nbytes
     for i in range(max(1, round(budget / layer_bytes))):

@@ -25,7 +25,7 @@ import apache_beam as beam
 
 from ledger import events as ev
 from ledger.errors import LedgerError, RunNotFound
-from ledger.store import open_store, resolve_url
+from ledger.store import EventStore, open_store, resolve_url
 
 DEFAULT_RANGE = 20_000
 """Events per read range: the unit of parallelism of :class:`ReadLedger`."""
@@ -44,13 +44,14 @@ class _ReadRange(beam.DoFn):
 
     def __init__(self, url: str, run_id: str) -> None:
         self.url, self.run_id = url, run_id
-        self.store = None
+        self.store: EventStore | None = None
 
     def setup(self) -> None:
         self.store = open_store(self.url, readonly=True)
 
     def process(self, bounds: tuple[int, int]) -> Iterator[tuple[int, ev.Event]]:
         first, last = bounds
+        assert self.store is not None  # Beam calls setup before process
         for stored in self.store.read(self.run_id, first, last):
             yield stored.seq, stored.event
 
@@ -111,31 +112,30 @@ def _facts(item: tuple[int, ev.Event]) -> Iterator[Any]:
     """The facts an event states about rollouts: ``(rollout_id, (seq, tag, value))``; group
     discards and published digests go to their own outputs (they are joined as side inputs)."""
     seq, e = item
-    kind = type(e)
-    if kind is ev.RolloutCompleted:
+    if type(e) is ev.RolloutCompleted:
         yield e.rollout_id, (seq, "completed", {
             "worker": e.worker_id, "attempt": e.attempt, "weights_digest": e.weights_digest,
             "token_ids": e.tokens.tolist(), "logprobs": e.logprobs.tolist(), "finish_reason": e.finish_reason})
-    elif kind is ev.OutcomeRecorded:
+    elif type(e) is ev.OutcomeRecorded:
         yield e.rollout_id, (seq, "scored", {
             "reward": e.reward, "passed": e.passed, "verdict": e.verdict, "verifier": e.verifier,
             "verifier_version": e.verifier_version, "detail": e.detail})
-    elif kind is ev.RolloutRequested:
+    elif type(e) is ev.RolloutRequested:
         for q in e.samples():
             yield q.rollout_id, (seq, "requested", {
                 "group_id": q.group_id, "batch": q.batch, "ordinal": q.ordinal, "prompt_index": q.prompt_index,
                 "policy_version": q.policy_version, "seed": q.seed, "sampling": dict(q.sampling)})
-    elif kind is ev.RolloutAssigned:
+    elif type(e) is ev.RolloutAssigned:
         for rid, attempt in zip(e.rollout_ids, e.attempts, strict=False):
             yield rid, (seq, "assigned", {"worker": e.worker_id, "attempt": attempt})
-    elif kind is ev.RolloutAbandoned:
+    elif type(e) is ev.RolloutAbandoned:
         yield e.rollout_id, (seq, "abandoned", {"attempt": e.attempt, "reason": e.reason})
-    elif kind is ev.BatchFormed:
+    elif type(e) is ev.BatchFormed:
         for rid in e.rollout_ids:
             yield rid, (seq, "consumed", {"step": e.step})
-    elif kind is ev.GroupDiscarded:
+    elif type(e) is ev.GroupDiscarded:
         yield beam.pvalue.TaggedOutput(DISCARDS, (e.group_id, (seq, e.reason)))
-    elif kind is ev.WeightsPublished:
+    elif type(e) is ev.WeightsPublished:
         yield beam.pvalue.TaggedOutput(PUBLISHED, (e.version, (seq, e.digest)))
 
 
@@ -208,12 +208,11 @@ class RolloutRows(beam.PTransform):
 def _step_facts(item: tuple[int, ev.Event]) -> Iterator[tuple[int, tuple[int, str, Any]]]:
     """Facts about train steps, keyed by step: ``(step, (seq, tag, value))``."""
     seq, e = item
-    kind = type(e)
-    if kind is ev.BatchFormed:
+    if type(e) is ev.BatchFormed:
         yield e.step, (seq, "batch", e)
-    elif kind is ev.TrainStepCompleted:
+    elif type(e) is ev.TrainStepCompleted:
         yield e.step, (seq, "trained", e.metrics)
-    elif kind is ev.WeightsPublished:
+    elif type(e) is ev.WeightsPublished:
         yield e.version, (seq, "produced", e.digest)
         yield e.version + 1, (seq, "parent", e.digest)  # step s reads version s - 1
 

@@ -41,21 +41,20 @@ class _Run:
         self.outcomes: dict[int, ev.OutcomeRecorded] = {}
         for stored in events:
             e = stored.event
-            kind = type(e)
-            if kind is ev.RolloutRequested:
+            if type(e) is ev.RolloutRequested:
                 for q in e.samples():
                     self.requests.setdefault(q.rollout_id, q)
-            elif kind is ev.RolloutCompleted:
+            elif type(e) is ev.RolloutCompleted:
                 self.completions.setdefault(e.rollout_id, e)
-            elif kind is ev.OutcomeRecorded:
+            elif type(e) is ev.OutcomeRecorded:
                 self.outcomes.setdefault(e.rollout_id, e)
-            elif kind is ev.WeightsPublished:
+            elif type(e) is ev.WeightsPublished:
                 self.digests.setdefault(e.version, e.digest)
-            elif kind is ev.BatchFormed:
+            elif type(e) is ev.BatchFormed:
                 self.batches.setdefault(e.step, e)
-            elif kind is ev.TrainStepCompleted:
+            elif type(e) is ev.TrainStepCompleted:
                 self.metrics.setdefault(e.step, e.metrics)
-            elif kind is ev.RunStarted and self.started is None:
+            elif type(e) is ev.RunStarted and self.started is None:
                 self.started = e
                 self.fingerprint = dict(e.fingerprint)
 
@@ -150,6 +149,7 @@ def diff_runs(a_events: Iterable[StoredEvent], b_events: Iterable[StoredEvent]) 
         d = _rollout_difference(a, b, rid)
         if d is not None:
             q = a.requests.get(rid) or b.requests.get(rid)
+            assert q is not None  # rid is a request of both runs
             v = q.policy_version
             d["policy_version"] = v
             d["weights_same"] = v in a.digests and a.digests.get(v) == b.digests.get(v)

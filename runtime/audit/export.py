@@ -21,6 +21,7 @@ class AddText(beam.DoFn):
         self.text = RunText(self.config)
 
     def process(self, row: dict) -> Iterator[dict]:
+        assert self.text is not None  # Beam calls setup before process
         tokens = row["token_ids"]
         yield {**row, "prompt": self.text.prompt(row["prompt_index"]),
                "completion": None if tokens is None else self.text.completion(tokens)}

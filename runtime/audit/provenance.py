@@ -68,32 +68,31 @@ class Provenance:
         abandoned: dict[int, list] = {}
         for stored in events:
             seq, e = stored.seq, stored.event
-            kind = type(e)
-            if kind is ev.RunStarted:
+            if type(e) is ev.RunStarted:
                 run = run or e
-            elif kind is ev.RolloutRequested:
+            elif type(e) is ev.RolloutRequested:
                 for q in e.samples():
                     tables["requests"].setdefault(q.rollout_id, (seq, q))
-            elif kind is ev.RolloutAssigned:
+            elif type(e) is ev.RolloutAssigned:
                 for rid, attempt in zip(e.rollout_ids, e.attempts, strict=False):
                     assigned.setdefault(rid, []).append((seq, e.worker_id, attempt))
-            elif kind is ev.RolloutAbandoned:
+            elif type(e) is ev.RolloutAbandoned:
                 abandoned.setdefault(e.rollout_id, []).append((seq, e))
-            elif kind is ev.RolloutCompleted:
+            elif type(e) is ev.RolloutCompleted:
                 tables["completed"].setdefault(e.rollout_id, (seq, e))
-            elif kind is ev.OutcomeRecorded:
+            elif type(e) is ev.OutcomeRecorded:
                 tables["outcomes"].setdefault(e.rollout_id, (seq, e))
-            elif kind is ev.GroupDiscarded:
+            elif type(e) is ev.GroupDiscarded:
                 tables["discarded"].setdefault(e.group_id, (seq, e))
-            elif kind is ev.BatchFormed:
+            elif type(e) is ev.BatchFormed:
                 tables["batches"].setdefault(e.step, (seq, e))
                 for rid in e.rollout_ids:
                     tables["consumed"].setdefault(rid, e.step)
-            elif kind is ev.TrainStepCompleted:
+            elif type(e) is ev.TrainStepCompleted:
                 tables["trained"].setdefault(e.step, (seq, e))
-            elif kind is ev.WeightsPublished:
+            elif type(e) is ev.WeightsPublished:
                 tables["published"].setdefault(e.version, (seq, e))
-            elif kind is ev.VersionsRetired:
+            elif type(e) is ev.VersionsRetired:
                 for v in e.versions:
                     tables["retired"].setdefault(int(v), seq)
         return cls(run=run, assigned={k: tuple(v) for k, v in assigned.items()},
@@ -106,7 +105,8 @@ class Provenance:
         if v not in self.published:
             raise UsageError(f"version {v!r} is not in this run; published versions: {_range(self.published)}")
         seq, pub = self.published[v]
-        chain, u = [], v
+        chain: list[dict[str, Any]] = []
+        u = v
         while u in self.published and len(chain) <= v:  # an edited ledger may hold a cycle
             chain.append({"version": u, "digest": self.published[u][1].digest, "seq": self.published[u][0]})
             u = self.published[u][1].parent_version

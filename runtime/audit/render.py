@@ -26,7 +26,7 @@ def _pairs(title: str, rows: list[tuple[str, Any]]) -> Table:
 
 
 def _rollouts(rows: list[dict[str, Any]]) -> Table:
-    fold = {"overflow": "fold"}
+    fold: dict[str, Any] = {"overflow": "fold"}
     t = Table("id", "group", Column("prompt", **fold), Column("seed", **fold), "from v", "stale",
               Column("worker", **fold), "leases", "reward", Column("verdict", **fold),
               title="rollouts of the batch", title_justify="left")

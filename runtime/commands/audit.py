@@ -102,6 +102,7 @@ def _stored_versions(directory: str, config: dict) -> tuple[dict[int, str], dict
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from ledger import events as ev
     from runtime.audit import NAMES, check_run
     from runtime.replay import read_run
 
@@ -110,7 +111,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     violations, kinds = [], {}
     absent = None
     if chain.ok:
-        config = next((s.event.config for s in source.events[:1] if s.kind == "RunStarted"), {})
+        config: dict = next((s.event.config for s in source.events[:1] if isinstance(s.event, ev.RunStarted)), {})
         stored, unreadable, absent = _stored_versions(args.directory, config)
         violations = check_run(source.events, stored=stored, unreadable=unreadable, absent=absent)
         kinds = {s.seq: s.kind for s in source.events}

@@ -51,6 +51,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     console.print(t)
     if not report.match:
         first = report.first_divergence
+        assert first is not None  # a mismatch has divergences
         console.print(f"[bold red]first divergence[/] ({first.stage}): {first}", highlight=False)
         if len(report.divergences) > 1:
             console.print(f"{len(report.divergences) - 1} more; --json lists them", highlight=False)

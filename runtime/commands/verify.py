@@ -57,13 +57,14 @@ def _report(outcome, as_json: bool) -> int:
 
 def cmd_math(args: argparse.Namespace) -> int:
     from verifiers.math import MathConfig, MathVerifier
+    from verifiers.math.config import read_tolerance
     from verifiers.service.bounds import MAX_ABS_TOL, MAX_REL_TOL, seconds, tolerance
 
     seconds(args.timeout, "--timeout", MAX_TIMEOUT_S)
     config = MathConfig(
         extract=not args.no_extract,
-        rel_tol=tolerance(args.rel_tol, "--rel-tol", MAX_REL_TOL),
-        abs_tol=tolerance(args.abs_tol, "--abs-tol", MAX_ABS_TOL),
+        rel_tol=read_tolerance(tolerance(args.rel_tol, "--rel-tol", MAX_REL_TOL), "rel_tol"),
+        abs_tol=read_tolerance(tolerance(args.abs_tol, "--abs-tol", MAX_ABS_TOL), "abs_tol"),
     )
     with MathVerifier(workers=1, timeout_s=args.timeout) as verifier:
         outcome = verifier.verify(args.gold, args.answer, config)

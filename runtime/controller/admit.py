@@ -14,8 +14,49 @@ are pure functions of (weights, prompt, sampling, seed), so which one wins does 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
 from ledger import events as ev
-from runtime.controller.state import ControllerState
+from runtime.controller.spec import ControllerSpec
+from runtime.controller.state import Request
+
+_K = TypeVar("_K", contravariant=True)
+_V = TypeVar("_V", covariant=True)
+
+
+class Lookup(Protocol[_K, _V]):
+    """What the guards read of a map: a ``Map`` or a ``MapMutation``."""
+
+    def get(self, key: _K, /) -> _V | None: ...
+    def __getitem__(self, key: _K, /) -> _V: ...
+    def __contains__(self, key: object, /) -> bool: ...
+
+
+class StateView(Protocol):
+    """What the guards read of a state: a ``ControllerState`` or a draft of one being folded."""
+
+    @property
+    def spec(self) -> ControllerSpec | None: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def next_rollout_id(self) -> int: ...
+    @property
+    def formed(self) -> int: ...
+    @property
+    def trained(self) -> int: ...
+    @property
+    def latest(self) -> int: ...
+    @property
+    def versions(self) -> Lookup[int, str]: ...
+    @property
+    def requests(self) -> Lookup[int, Request]: ...
+    @property
+    def workers(self) -> Lookup[str, object]: ...
+
 
 INPUT_KINDS = frozenset({
     ev.RunStarted, ev.ControllerStarted, ev.WorkerJoined, ev.WorkerLost, ev.RolloutCompleted,
@@ -30,7 +71,7 @@ DECISION_KINDS = frozenset({
 """Event kinds only ``decide`` emits."""
 
 
-def _request_problem(s: ControllerState, rollout_id: int) -> str | None:
+def _request_problem(s: StateView, rollout_id: int) -> str | None:
     if rollout_id in s.requests:
         return None
     if 0 <= rollout_id < s.next_rollout_id:
@@ -38,7 +79,7 @@ def _request_problem(s: ControllerState, rollout_id: int) -> str | None:
     return f"rollout {rollout_id} was never requested"
 
 
-def _completion(s: ControllerState, e: ev.RolloutCompleted) -> str | None:
+def _completion(s: StateView, e: ev.RolloutCompleted) -> str | None:
     problem = _request_problem(s, e.rollout_id)
     if problem:
         return problem
@@ -54,7 +95,7 @@ def _completion(s: ControllerState, e: ev.RolloutCompleted) -> str | None:
     return None
 
 
-def _outcome(s: ControllerState, e: ev.OutcomeRecorded) -> str | None:
+def _outcome(s: StateView, e: ev.OutcomeRecorded) -> str | None:
     problem = _request_problem(s, e.rollout_id)
     if problem:
         return problem
@@ -66,14 +107,14 @@ def _outcome(s: ControllerState, e: ev.OutcomeRecorded) -> str | None:
     return None
 
 
-def _abandoned(s: ControllerState, e: ev.RolloutAbandoned) -> str | None:
+def _abandoned(s: StateView, e: ev.RolloutAbandoned) -> str | None:
     r = s.requests.get(e.rollout_id)
     if r is None or r.done or r.holder is None or e.attempt != r.attempts - 1:
         return f"attempt {e.attempt} of rollout {e.rollout_id} is not an outstanding lease"
     return None
 
 
-def _train_step(s: ControllerState, e: ev.TrainStepCompleted) -> str | None:
+def _train_step(s: StateView, e: ev.TrainStepCompleted) -> str | None:
     if e.step <= s.trained:
         return f"step {e.step} is already trained (duplicate)"
     if e.step != s.trained + 1 or e.step > s.formed or s.latest != e.step - 1:
@@ -81,7 +122,7 @@ def _train_step(s: ControllerState, e: ev.TrainStepCompleted) -> str | None:
     return None
 
 
-def _weights(s: ControllerState, e: ev.WeightsPublished) -> str | None:
+def _weights(s: StateView, e: ev.WeightsPublished) -> str | None:
     if e.version <= s.latest:
         return f"version {e.version} is already published (duplicate)"
     if e.version != s.latest + 1 or (e.version > 0 and e.version != s.trained):
@@ -91,7 +132,7 @@ def _weights(s: ControllerState, e: ev.WeightsPublished) -> str | None:
     return None
 
 
-def _worker_joined(s: ControllerState, e: ev.WorkerJoined) -> str | None:
+def _worker_joined(s: StateView, e: ev.WorkerJoined) -> str | None:
     if e.worker_id in s.workers:
         return f"worker {e.worker_id!r} is already joined"
     if e.slots < 1:
@@ -99,19 +140,20 @@ def _worker_joined(s: ControllerState, e: ev.WorkerJoined) -> str | None:
     return None
 
 
-def _worker_lost(s: ControllerState, e: ev.WorkerLost) -> str | None:
+def _worker_lost(s: StateView, e: ev.WorkerLost) -> str | None:
     return None if e.worker_id in s.workers else f"worker {e.worker_id!r} is not joined"
 
 
-def _run_started(s: ControllerState, e: ev.RunStarted) -> str | None:
+def _run_started(s: StateView, e: ev.RunStarted) -> str | None:
     return "the run has already started" if s.spec is not None else None
 
 
-def _controller_started(s: ControllerState, e: ev.ControllerStarted) -> str | None:
+def _controller_started(s: StateView, e: ev.ControllerStarted) -> str | None:
     return f"epoch {e.epoch} is not above {s.epoch}" if e.epoch <= s.epoch else None
 
 
-_GUARDS = {
+# Each guard takes a state and an input of its key's kind.
+_GUARDS: dict[type, Callable[[StateView, Any], str | None]] = {
     ev.RunStarted: _run_started,
     ev.ControllerStarted: _controller_started,
     ev.WorkerJoined: _worker_joined,
@@ -126,7 +168,7 @@ assert frozenset(_GUARDS) == INPUT_KINDS
 _AFTER_FINISH = frozenset({ev.RolloutCompleted, ev.OutcomeRecorded, ev.RolloutAbandoned})
 
 
-def guard(state: ControllerState, event: ev.Event) -> str | None:
+def guard(state: StateView, event: ev.Event) -> str | None:
     """Why input ``event`` cannot follow ``state``, or None: the one check of each input kind,
     run by :func:`admit` before an input is appended and by ``reduce`` when it is folded."""
     kind = type(event)
@@ -137,7 +179,7 @@ def guard(state: ControllerState, event: ev.Event) -> str | None:
     return _GUARDS[kind](state, event)
 
 
-def admit(state: ControllerState, event: ev.Event) -> str | None:
+def admit(state: StateView, event: ev.Event) -> str | None:
     """None if ``event`` may be appended after ``state``, else why it is rejected (one line).
 
     ``state`` is a ``ControllerState`` or the draft of one being folded (``reduce.Folder``):

@@ -9,6 +9,9 @@ trained.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ledger import events as ev
 
 
@@ -63,7 +66,8 @@ class RolloutCache:
             self._drop(batch.rollout_ids)
 
 
-_OBSERVERS = {
+# Each observer takes the cache and an event of its key's kind.
+_OBSERVERS: dict[type, Callable[[RolloutCache, Any], None]] = {
     ev.RolloutRequested: RolloutCache._requested,
     ev.RolloutCompleted: RolloutCache._completed,
     ev.OutcomeRecorded: RolloutCache._outcome,

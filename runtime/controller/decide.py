@@ -69,8 +69,15 @@ def _next(s: ControllerState) -> list[ev.Event]:
     return _finish(s) or _retire(s) or _discard(s) or _form(s) or _request(s) or _assign(s)
 
 
+def _spec(s: ControllerState) -> ControllerSpec:
+    """The run's spec: decisions are made only after ``RunStarted`` (``_next`` checks)."""
+    spec = s.spec
+    assert spec is not None
+    return spec
+
+
 def _finish(s: ControllerState) -> list[ev.Event]:
-    steps = s.spec.steps
+    steps = _spec(s).steps
     if s.trained == steps and s.latest == steps:
         return [ev.RunFinished(steps, s.versions[steps])]
     return []
@@ -85,7 +92,7 @@ def needed_versions(s: ControllerState) -> tuple[set[int], int | None]:
     batches (a filtered group is replaced from the same version) and every version from that of
     the next unrequested batch on.
     """
-    spec = s.spec
+    spec = _spec(s)
     needed = {s.latest, *s.version_refs.keys()}
     future = None
     if spec.mode == DETERMINISTIC:
@@ -96,7 +103,7 @@ def needed_versions(s: ControllerState) -> tuple[set[int], int | None]:
 
 
 def _retire(s: ControllerState) -> list[ev.Event]:
-    newest_kept = s.latest - s.spec.keep_newest
+    newest_kept = s.latest - _spec(s).keep_newest
     if not any(0 < v <= newest_kept for v in s.versions.keys()):
         return []
     needed, future = needed_versions(s)
@@ -108,7 +115,7 @@ def _retire(s: ControllerState) -> list[ev.Event]:
 
 
 def _discard(s: ControllerState) -> list[ev.Event]:
-    spec = s.spec
+    spec = _spec(s)
     if spec.mode == DETERMINISTIC:
         return []
     bound = s.formed - spec.max_staleness  # the next batch, formed + 1, needs v >= formed - k
@@ -123,7 +130,7 @@ def _discard(s: ControllerState) -> list[ev.Event]:
 
 
 def _form(s: ControllerState) -> list[ev.Event]:
-    spec = s.spec
+    spec = _spec(s)
     step = s.formed + 1
     if step > spec.steps:
         return []
@@ -155,7 +162,7 @@ def _form(s: ControllerState) -> list[ev.Event]:
 
 
 def _group(s: ControllerState, batch: int, ordinal: int, prompt: int, version: int) -> list[ev.Event]:
-    spec = s.spec
+    spec = _spec(s)
     first, size = s.next_rollout_id, spec.group_size
     seeds = rng.rollout_seeds(spec.seed, batch, ordinal, size)
     return [ev.RolloutRequested(tuple(range(first, first + size)), s.next_group_id, batch, prompt, version, seeds,
@@ -167,7 +174,7 @@ def _draw(spec: ControllerSpec, position: int) -> tuple[int, int]:
 
 
 def _request(s: ControllerState) -> list[ev.Event]:
-    spec = s.spec
+    spec = _spec(s)
     G = spec.groups_per_batch
     if spec.mode == DETERMINISTIC:
         batch = s.requested + 1

@@ -191,11 +191,11 @@ class _Checker:
             if len({self.requests[r].policy_version for r in members}) > 1:
                 self.flag("I3", seq, f"group {gid} mixes policy versions")
         if spec is not None and spec.mode == DETERMINISTIC:
-            self._deterministic(seq, e)
+            self._deterministic(seq, e, spec)
             self.open_batches.pop(s, None)
 
-    def _deterministic(self, seq: int, e: ev.BatchFormed) -> None:
-        spec, s = self.spec, e.step
+    def _deterministic(self, seq: int, e: ev.BatchFormed, spec: ControllerSpec) -> None:
+        s = e.step
         version = spec.batch_version(s)
         ordinals = []
         for gid in e.group_ids:

@@ -158,17 +158,16 @@ class ControllerLoop:
             self.head_seq = head.seq
             now = self.clock()
             observe = self.cache.observe
-            for e in batch:
-                kind = type(e)
-                if kind is ev.RolloutAssigned:
-                    held, leased_at = self._held.setdefault(e.worker_id, {}), self._leased_at
-                    for rid in e.rollout_ids:
+            for event in batch:
+                if type(event) is ev.RolloutAssigned:
+                    held, leased_at = self._held.setdefault(event.worker_id, {}), self._leased_at
+                    for rid in event.rollout_ids:
                         held[rid] = None
                         leased_at[rid] = now
                 else:
-                    observe(e)
-                    if kind is ev.VersionsRetired and self.on_retire is not None:
-                        self.on_retire(tuple(e.versions))
+                    observe(event)
+                    if type(event) is ev.VersionsRetired and self.on_retire is not None:
+                        self.on_retire(tuple(event.versions))
             return verdicts
 
     # -- workers --------------------------------------------------------------------------------
@@ -219,7 +218,7 @@ class ControllerLoop:
         with self._lock:
             now = self.clock()
             self._seen[worker_id] = now
-            out = []
+            out: list[ScoreTask] = []
             handed, cutoff = self._scoring, now - self.lease_timeout_s
             requests, completions = self.cache.requests, self.cache.completions
             for rid in self.cache.unscored:

@@ -11,6 +11,9 @@ ledger that folds without error is a history the controller could have written.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
+
+from immutables import MapMutation
 
 from ledger import events as ev
 from runtime.controller.admit import INPUT_KINDS, admit, guard
@@ -50,6 +53,33 @@ class _Draft:
     """
 
     __slots__ = ControllerState._fields
+
+    # ControllerState's fields, as ``__init__`` sets them (annotations only: no class values).
+    spec: ControllerSpec | None
+    run_id: str
+    config_digest: str
+    epoch: int
+    finished: bool
+    next_rollout_id: int
+    next_group_id: int
+    position: int
+    requested: int
+    label: tuple[int, int]
+    formed: int
+    trained: int
+    latest: int
+    versions: MapMutation[int, str]
+    requests: MapMutation[int, Request]
+    groups: MapMutation[int, Group]
+    plans: MapMutation[int, Plan]
+    ready: tuple[int, ...]
+    pending: tuple[int, ...]
+    workers: MapMutation[str, Worker]
+    free: tuple[tuple[int, str], ...]
+    joins: int
+    version_refs: MapMutation[int, int]
+    group_versions: MapMutation[int, int]
+    discards: int
 
     def __init__(self, state: ControllerState) -> None:
         for name, value in zip(ControllerState._fields, state, strict=False):
@@ -95,7 +125,7 @@ def _live(d: _Draft, e: ev.Event, rollout_id: int) -> Request:
 
 def _release(d: _Draft, r: Request) -> None:
     """Free the slot of ``r``'s lease holder (if it is still joined)."""
-    w = d.workers.get(r.holder)
+    w = None if r.holder is None else d.workers.get(r.holder)
     if w is None:
         return
     if w.active >= w.slots:
@@ -175,12 +205,12 @@ def _rollout_requested(d: _Draft, e: ev.RolloutRequested) -> None:
         d.next_group_id = gid + 1
         _bump(d.group_versions, e.policy_version, 1)
     else:  # more samples of the open group (a group may span events)
-        g = d.groups.get(gid)
-        if g is None or gid != d.next_group_id - 1 or len(g.rollout_ids) + n > spec.group_size:
+        prev = d.groups.get(gid)
+        if prev is None or gid != d.next_group_id - 1 or len(prev.rollout_ids) + n > spec.group_size:
             raise _invalid(e, f"adds {n} samples to group {gid}, which is not the open group or has no room")
-        if (g.batch, g.ordinal, g.prompt_index, g.policy_version) != (e.batch, e.ordinal, e.prompt_index, e.policy_version):
+        if (prev.batch, prev.ordinal, prev.prompt_index, prev.policy_version) != (e.batch, e.ordinal, e.prompt_index, e.policy_version):
             raise _invalid(e, f"differs from its group {gid} in batch, ordinal, prompt or version")
-        g = g.evolve(rollout_ids=g.rollout_ids + tuple(ids))
+        g = prev.evolve(rollout_ids=prev.rollout_ids + tuple(ids))
     d.next_rollout_id = first + n
     d.groups[gid] = g
     requests, version = d.requests, e.policy_version
@@ -242,6 +272,7 @@ def _rollout_abandoned(d: _Draft, e: ev.RolloutAbandoned) -> None:
 
 def _outcome_recorded(d: _Draft, e: ev.OutcomeRecorded) -> None:
     spec = d.spec
+    assert spec is not None  # the guard admits no outcome before RunStarted
     r = d.requests[e.rollout_id]
     g = d.groups[r.group_id]
     reward = float(e.reward)
@@ -328,7 +359,8 @@ def _run_finished(d: _Draft, e: ev.RunFinished) -> None:
     d.finished = True
 
 
-_HANDLERS: dict[type, Callable[[_Draft, ev.Event], None]] = {
+# Each handler takes the draft and an event of its key's kind.
+_HANDLERS: dict[type, Callable[[_Draft, Any], None]] = {
     ev.RunStarted: _run_started,
     ev.ControllerStarted: _controller_started,
     ev.WorkerJoined: _worker_joined,

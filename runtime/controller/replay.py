@@ -90,7 +90,8 @@ def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState =
                                        f"logged {event.KIND} was not decided (decide had {len(expected)} events here)")
             want = expected[cursor]
             field = event.first_difference(want)
-            if field is not None and type(event) in _SPLITTABLE and type(want) is type(event):
+            if (field is not None and isinstance(event, _SPLIT_KINDS) and isinstance(want, _SPLIT_KINDS)
+                    and type(want) is type(event)):
                 parts = _split(want, len(event.rollout_ids))
                 if parts is not None:
                     want = parts[0]
@@ -118,16 +119,17 @@ def replay(events: Iterable[ev.Event | StoredEvent], *, state: ControllerState =
 
 
 _SPLITTABLE = {ev.RolloutRequested: ("rollout_ids", "seeds"), ev.RolloutAssigned: ("rollout_ids", "attempts")}
+_SPLIT_KINDS = (ev.RolloutRequested, ev.RolloutAssigned)
 
 
-def _split(decided: ev.Event, n: int) -> tuple[ev.Event, ev.Event] | None:
+def _split(decided: ev.RolloutRequested | ev.RolloutAssigned, n: int) -> tuple[ev.Event, ev.Event] | None:
     """``decided`` as its first ``n`` rollouts and the rest, or None if ``n`` does not split it."""
     if not 0 < n < len(decided.rollout_ids):
         return None
     names = _SPLITTABLE[type(decided)]
-    head = dataclasses.replace(decided, **{name: tuple(getattr(decided, name)[:n]) for name in names})
-    tail = dataclasses.replace(decided, **{name: tuple(getattr(decided, name)[n:]) for name in names})
-    return head, tail
+    first: dict[str, Any] = {name: tuple(getattr(decided, name)[:n]) for name in names}
+    rest: dict[str, Any] = {name: tuple(getattr(decided, name)[n:]) for name in names}
+    return dataclasses.replace(decided, **first), dataclasses.replace(decided, **rest)
 
 
 def _apply(folder: Folder, seq: int, event: ev.Event) -> None:

@@ -118,7 +118,9 @@ def train_once(loop: ControllerLoop, trainer: SimTrainer) -> bool:
 def run_to_end(loop: ControllerLoop, *, workers: int = 2, slots: int = 4, max_rounds: int = 100_000) -> None:
     """Drive ``loop`` with simulated workers (round-robin, no faults) until the run finishes."""
     infer = [SimInference(f"inference-{i}", slots) for i in range(workers)]
-    verifier, trainer = SimVerifier(), SimTrainer(seed=loop.state.spec.seed)
+    spec = loop.state.spec
+    assert spec is not None  # a loop's run has started
+    verifier, trainer = SimVerifier(), SimTrainer(seed=spec.seed)
     for w in infer:
         loop.join(w.worker_id, INFERENCE, slots=w.slots)
     loop.join(verifier.worker_id, VERIFIER)

@@ -57,7 +57,7 @@ class Schedule:
         """All requests queued, every slot empty, every page free."""
         if pool.num_used:
             raise ValueError(f"a schedule starts from an empty pool; {pool.num_used} are used")
-        empty = types.MappingProxyType({})
+        empty: Mapping[int, int] = types.MappingProxyType({})
         return cls((None,) * max_slots, tuple(range(num_requests)), empty, pool)
 
     @property

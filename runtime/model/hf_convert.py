@@ -249,7 +249,7 @@ def params_from_hf(
 
 def params_to_hf(params: Mapping, config: ModelConfig) -> dict[str, np.ndarray | jax.Array]:
     """Hugging Face tensors by name from flax parameters (contiguous, in the parameters' dtype)."""
-    out = {}
+    out: dict[str, np.ndarray | jax.Array] = {}
     for name, (path, transposed) in _layout(config).items():
         value = jnp.asarray(_get(params, path))
         out[name] = jnp.array(value.T if transposed else value, copy=True)

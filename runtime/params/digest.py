@@ -109,7 +109,7 @@ def canonical(path: str, array: Any) -> np.ndarray:
 
 def data_sha256(array: np.ndarray) -> str:
     """sha256 of a canonical array's element bytes, as hex."""
-    return hashlib.sha256(array.reshape(-1).view(np.uint8)).hexdigest()
+    return hashlib.sha256(array.reshape(-1).view(np.uint8).data).hexdigest()
 
 
 def data_sha256s(arrays: Sequence[np.ndarray]) -> list[str]:

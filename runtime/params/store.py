@@ -59,6 +59,13 @@ def _prefix_range(prefix: str) -> ts.KvStore.KeyRange:
     return ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
 
 
+def _stored(manifest: Manifest, tree: str) -> TreeManifest:
+    """The manifest's record of ``tree``: callers name only trees the manifest holds."""
+    stored = manifest.tree(tree)
+    assert stored is not None
+    return stored
+
+
 def _tree_manifest(leaves: Sequence[tuple[str, np.ndarray]], structure: Any) -> TreeManifest:
     records = leaf_records(leaves)
     return TreeManifest(combine(records), records, structure)
@@ -187,7 +194,7 @@ class ParamStore:
         if opt_state is not None:
             trees["opt_state"] = canonical_leaves(opt_state)
             opt_tree = _tree_manifest(trees["opt_state"], describe(opt_state))
-        content = layout.content_id(params_tree.digest, opt_tree and opt_tree.digest)
+        content = layout.content_id(params_tree.digest, None if opt_tree is None else opt_tree.digest)
         data = layout.data_prefix(version, content)
         manifest = Manifest(version, data, params_tree, opt_tree)
 
@@ -301,10 +308,10 @@ class ParamStore:
         arrays = self._read_arrays(manifest, tree)
         if like is not None:
             return rebuild_like(like, arrays)
-        return rebuild(manifest.tree(tree).structure, arrays)
+        return rebuild(_stored(manifest, tree).structure, arrays)
 
     def _read_arrays(self, manifest: Manifest, tree: str) -> dict[str, np.ndarray]:
-        records = manifest.tree(tree).leaves
+        records = _stored(manifest, tree).leaves
         specs = [self._array_spec(layout.leaf_key(manifest.data, tree, r.path)) for r in records]
         try:
             opened = [ts.open(spec, open=True, context=self._context) for spec in specs]

@@ -98,7 +98,7 @@ def describe(tree: Any) -> Structure:
         fields = [[name, describe(getattr(tree, name))] for name in cls._fields]
         return {"kind": "namedtuple", "class": _type_name(cls), "fields": fields}
     treedef = jax.tree_util.tree_structure(tree)
-    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # type: ignore[attr-defined]  # jaxlib has no stub for PyTreeDef
         return {"kind": "leaf"}
     return {"kind": "opaque", "type": _type_name(cls)}
 

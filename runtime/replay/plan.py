@@ -124,23 +124,23 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
                 decision_run_end[p] = pending[-1]
             pending = []
         pending.append(seq)
-        if kind is ev.RolloutRequested:
+        if type(e) is ev.RolloutRequested:
             for q in e.samples():
                 requests[q.rollout_id] = q
-        elif kind is ev.RolloutCompleted:
+        elif type(e) is ev.RolloutCompleted:
             completions.setdefault(e.rollout_id, (seq, e))
-        elif kind is ev.OutcomeRecorded:
+        elif type(e) is ev.OutcomeRecorded:
             outcomes.setdefault(e.rollout_id, e)
-        elif kind is ev.BatchFormed:
+        elif type(e) is ev.BatchFormed:
             batches.setdefault(e.step, (seq, e))
-        elif kind is ev.TrainStepCompleted:
+        elif type(e) is ev.TrainStepCompleted:
             trained.setdefault(e.step, (seq, e))
-        elif kind is ev.WeightsPublished:
+        elif type(e) is ev.WeightsPublished:
             published.setdefault(e.version, Published(seq, e))
-        elif kind is ev.VersionsRetired:
+        elif type(e) is ev.VersionsRetired:
             for v in e.versions:
                 retired_at.setdefault(int(v), seq)
-        elif kind is ev.RunStarted and run is None:
+        elif type(e) is ev.RunStarted and run is None:
             run = e
     for p in pending:
         decision_run_end[p] = pending[-1]
@@ -162,13 +162,13 @@ def plan_replay(events: Iterable[StoredEvent]) -> ReplayPlan:
     by_version: dict[int, list[SampledRollout]] = {}
     for rid in sorted(completions):
         seq, c = completions[rid]
-        q = requests.get(rid)
-        if q is None:
+        r = requests.get(rid)
+        if r is None:
             raise IncompleteLedger(f"rollout {rid} was completed (seq {seq}) but never requested")
-        digest = published[q.policy_version].event.digest if q.policy_version in published else c.weights_digest
-        lease = Lease(rid, c.attempt, q.group_id, q.batch, q.ordinal, q.prompt_index, q.policy_version,
-                      digest, q.seed, q.sampling)
-        by_version.setdefault(q.policy_version, []).append(SampledRollout(seq, lease, c))
+        digest = published[r.policy_version].event.digest if r.policy_version in published else c.weights_digest
+        lease = Lease(rid, c.attempt, r.group_id, r.batch, r.ordinal, r.prompt_index, r.policy_version,
+                      digest, r.seed, r.sampling)
+        by_version.setdefault(r.policy_version, []).append(SampledRollout(seq, lease, c))
 
     retained = tuple(sorted(v for v in published if v not in retired_at))
     return ReplayPlan(

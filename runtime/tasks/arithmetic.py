@@ -62,4 +62,8 @@ class Arithmetic(Task):
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
         from verifiers.math import verify_math
 
-        return [verify_math(p.answer, c) for p, c in zip(problems, completions, strict=True)]
+        outcomes = []
+        for p, c in zip(problems, completions, strict=True):
+            assert p.answer is not None  # every arithmetic problem has its answer
+            outcomes.append(verify_math(p.answer, c))
+        return outcomes

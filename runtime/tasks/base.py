@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,7 @@ class TextCodec:
         """The supervised completion: the target's tokens and the first end-of-sequence id."""
         return self.tokenizer.encode(problem.target, add_special_tokens=False).ids + [self.eos_ids[0]]
 
-    def decode(self, tokens: Sequence[int]) -> str:
+    def decode(self, tokens: Iterable[int]) -> str:
         """The completion text up to (not including) the first end-of-sequence id."""
         ids = [int(t) for t in tokens]
         for i, t in enumerate(ids):

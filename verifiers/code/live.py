@@ -234,13 +234,14 @@ class LiveRun:
             self._exited = True
         assert self._status is not None
         status = self._status
-        code = sig = None
+        code: int | None = None
+        sig: int | None = None
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
         else:
             code = os.WEXITSTATUS(status)
             if self._level is Isolation.NAMESPACES and 128 < code <= 128 + 64:
-                code, sig = None, code - 128  # bwrap reports a child's signal as 128 + n
+                sig, code = code - 128, None  # bwrap reports a child's signal as 128 + n
         if self.timed_out or self.output_exceeded:
             code = None
         return RunResult(

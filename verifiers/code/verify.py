@@ -13,13 +13,14 @@ import functools
 import pathlib
 import threading
 from collections.abc import Sequence
+from typing import cast
 
 from verifiers.code import checkers, languages, verdict
 from verifiers.code.calls import CallSession, SolutionFailed, failure_verdict, same_value
 from verifiers.code.check_script import judge_check_script
 from verifiers.code.isolation import Isolation
 from verifiers.code.limits import MIB, Limits
-from verifiers.code.problems import CallTest, CheckScript, CodeProblem
+from verifiers.code.problems import CallTest, CheckScript, CodeProblem, IOTest
 from verifiers.code.sandbox import RunResult, Sandbox
 from verifiers.outcome import Outcome, TestResult, Timings, Verdict
 
@@ -122,7 +123,8 @@ class CodeVerifier:
     def _io_tests(self, lang, files, problem: CodeProblem) -> list[TestResult]:
         check = checkers.get(problem.checker)
         results = []
-        for index, test in enumerate(problem.tests):
+        tests = cast(tuple[IOTest, ...], problem.tests)  # ``verify`` sends IO tests here
+        for index, test in enumerate(tests):
             run = self.sandbox.run(
                 lang.run,
                 files=files,
@@ -149,7 +151,8 @@ class CodeVerifier:
         with self._start_calls(source, problem) as live:
             try:
                 session = CallSession(live)
-                for index, test in enumerate(problem.tests):
+                tests = cast(tuple[CallTest, ...], problem.tests)  # ``verify`` sends call tests here
+                for index, test in enumerate(tests):
                     actual = session.call(test.fn, test.args, dict(test.kwargs))
                     if same_value(actual, test.expected, problem.rel_tol, problem.abs_tol):
                         results.append(TestResult(index, Verdict.AC))

@@ -100,7 +100,9 @@ def _hedged_number(text: str, match: re.Match) -> str:
         before = _HEDGED.search(text, window, start)
         if before is None:
             break
-        parts.insert(0, _NUMBER.match(text, before.start()).group(0))
+        number = _NUMBER.match(text, before.start())
+        assert number is not None  # _HEDGED's match starts with a number
+        parts.insert(0, number.group(0))
         start = before.start()
     return " or ".join(parts)
 

@@ -89,7 +89,8 @@ class _Item:
 
 class _Reader:
     def __init__(self, text: str):
-        self.tokens = [(m.lastgroup, m.group(m.lastgroup)) for m in _TOKEN.finditer(text)]
+        # every alternative of _TOKEN is one named group: the group's text is the whole match
+        self.tokens = [(m.lastgroup, m.group()) for m in _TOKEN.finditer(text)]
         self.pos = 0
         self.depth = 0
 

@@ -265,6 +265,7 @@ def _judge(gold: str, response: str, config: MathConfig, symbolic: bool) -> Outc
         answers = _alternatives([*found.earlier, found.text], "answer") if found is not None else []
         if not answers:
             return outcome(Verdict.PARSE_ERROR, "no final answer found in the response")
+        assert found is not None  # the answers come from it
         shown = f"answer {' or '.join(answers)!r} ({found.method}) vs reference {' or '.join(refs)!r}"
         # each answer alternative must claim some reference alternative, and each be claimed
         claimed: set[str] = set()

@@ -12,8 +12,9 @@ import json
 from verifiers._generated import rlx_verifier_pb2 as pb
 from verifiers.code import wire
 from verifiers.code.limits import Limits
-from verifiers.code.problems import CallTest, CheckScript, CodeProblem, IOTest
+from verifiers.code.problems import CallTest, CheckScript, CodeProblem, IOTest, Tests
 from verifiers.errors import ConfigError
+from verifiers.math.config import read_tolerance
 from verifiers.math.judge import MathConfig
 from verifiers.outcome import Outcome, TestResult, Timings, Verdict
 
@@ -75,8 +76,8 @@ def math_to_proto(gold: str, response: str, config: MathConfig, timeout_s: float
 def math_from_proto(m: pb.MathRequest) -> tuple[str, str, MathConfig, float | None]:
     config = MathConfig(
         extract=m.extract if m.HasField("extract") else True,
-        rel_tol=m.rel_tol or None,
-        abs_tol=m.abs_tol or None,
+        rel_tol=read_tolerance(m.rel_tol or None, "rel_tol"),
+        abs_tol=read_tolerance(m.abs_tol or None, "abs_tol"),
     )
     return m.gold, m.response, config, (m.timeout_s or None)
 
@@ -120,6 +121,7 @@ def code_to_proto(program: str, problem: CodeProblem) -> pb.CodeRequest:
 
 def code_from_proto(m: pb.CodeRequest) -> tuple[str, CodeProblem]:
     kind = m.WhichOneof("tests")
+    tests: Tests
     if kind == "check":
         tests = CheckScript(test=m.check.test, entry_point=m.check.entry_point, setup=m.check.setup)
     elif kind == "calls":
