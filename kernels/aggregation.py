@@ -134,6 +134,7 @@ def token_weights(
     elif mode == "batch_token_mean":
         row_B = jnp.broadcast_to(_inverse(totals.num_tokens, dtype), lengths_B.shape)
     elif mode == "group_token_mean":
+        assert group_size is not None  # require_complete() refuses this mode without it
         group_M = _inverse(totals.num_groups, dtype) * _inverse(
             _group_lengths(lengths_B, group_size), dtype
         )

@@ -106,6 +106,7 @@ def _parts(config: PolicyObjective, logp_BT, log_ratio_BT, token_ratio_BT, advan
         config, log_ratio_BT, token_ratio_BT, advantages_BT, advantages_B, mask_BT, lengths_B
     )
     if config.clip == "ppo":
+        assert config.clip_high is not None and config.clip_low is not None  # checked for "ppo"
         upper, lower = 1.0 + config.clip_high, 1.0 - config.clip_low
         positive_BT = advantages_BT > 0
         negative_core_BT = jnp.maximum(ratio_BT, lower)

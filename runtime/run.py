@@ -254,8 +254,8 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     # The engine's batch shape decides the bits of every completion: recorded for replays.
     for w in inferences:
         ctrl.join(w.worker_id, "inference", slots=w.slots, info={"engine": w.engine.batch_shape})
-    for w in verifiers:
-        ctrl.join(w.worker_id, "verifier")
+    for v in verifiers:
+        ctrl.join(v.worker_id, "verifier")
     ctrl.join(trainer.worker_id, "trainer")
 
     def infer(inference) -> Callable[[], bool]:
@@ -296,8 +296,8 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     gc.set_threshold(max(thresholds[0], 20_000), *thresholds[1:])
     t_rl = time.monotonic()
     workers.spawn("trainer", train)
-    for w in verifiers:
-        workers.spawn(w.worker_id, verify(w))
+    for v in verifiers:
+        workers.spawn(v.worker_id, verify(v))
     for w in inferences:
         workers.spawn(w.worker_id, infer(w))
     try:

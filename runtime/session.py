@@ -163,6 +163,7 @@ def _initial_model(config: Config):
             raise UsageError(f"model.path {path!r} has no tokenizer.json")
         return model
     import jax
+    import jax.numpy as jnp
 
     from runtime import rng
     from runtime.inference.sampling import seed_key_data
@@ -173,7 +174,7 @@ def _initial_model(config: Config):
     shape = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "path"}
     mc = ModelConfig(vocab_size=tokenizer.get_vocab_size(), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
                      pad_token_id=PAD_ID, **shape)
-    key = jax.random.wrap_key_data(seed_key_data(rng.derive_seed(config.run.seed, rng.MODEL_INIT)),
+    key = jax.random.wrap_key_data(jnp.asarray(seed_key_data(rng.derive_seed(config.run.seed, rng.MODEL_INIT))),
                                    impl="threefry2x32")
     return Model.init(mc, key=key, tokenizer=tokenizer)
 

@@ -203,7 +203,7 @@ class Engine:
 
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int] | np.ndarray],
         params: SamplingParams | Sequence[SamplingParams],
         seeds: Sequence[int],
         *,
@@ -306,11 +306,13 @@ class Engine:
             steps, prefills, preemptions, sum(map(len, tokens)), replayed, allocated, cached,
             tuple(admissions), calls,
         )
+        ended = [r for r in reasons if r is not None]
+        assert len(ended) == n  # the loop runs until every request has finished
         return [
             Completion(
                 _frozen(np.array(tokens[i], np.int32)),
                 _frozen(np.array(logprobs[i], np.float32)),
-                reasons[i],
+                ended[i],
                 lengths[i],
             )
             for i in range(n)

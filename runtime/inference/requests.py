@@ -64,7 +64,7 @@ class GenerateStats:
 
 
 def check_requests(
-    prompts: Sequence[Sequence[int]],
+    prompts: Sequence[Sequence[int] | np.ndarray],
     params: SamplingParams | Sequence[SamplingParams],
     seeds: Sequence[int],
     *,

@@ -142,6 +142,7 @@ class ModelConfig:
     @property
     def attention_scale(self) -> float:
         """``1 / sqrt(head_dim)``, applied once to the attention scores."""
+        assert self.head_dim is not None  # filled in by __post_init__
         return float(self.head_dim) ** -0.5
 
     @property

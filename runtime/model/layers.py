@@ -68,6 +68,7 @@ class Attention(nn.Module):
         self, x_BTD: jax.Array, positions_BT: jax.Array, attend: Attend
     ) -> tuple[jax.Array, object]:
         c = self.config
+        assert c.head_dim is not None  # filled in by ModelConfig.__post_init__
         B, T, _ = x_BTD.shape
         angles_BTF = rotary_angles(positions_BT, c)
         q_BTHD = apply_rotary(self.q_proj(x_BTD).reshape(B, T, c.num_heads, c.head_dim), angles_BTF)

@@ -24,6 +24,7 @@ from runtime.model.config import ModelConfig
 
 def inverse_frequencies(config: ModelConfig) -> jax.Array:
     """``inv_freq_F`` (float32, ``F = head_dim / 2``) after the configured scaling."""
+    assert config.head_dim is not None  # filled in by ModelConfig.__post_init__
     exponents_F = jnp.arange(0, config.head_dim, 2, dtype=jnp.float32) / config.head_dim
     inv_freq_F = 1.0 / (jnp.float32(config.rope_theta) ** exponents_F)
     scaling = config.rope_scaling

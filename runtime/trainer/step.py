@@ -81,11 +81,10 @@ def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
     learning rate rises linearly over the first steps, ``lr · min(1, (n + 1) / warmup_steps)`` at
     step ``n`` (0-based), so the first step already moves; without, it is the constant ``lr``."""
     lr = config.learning_rate
+    learning_rate: optax.ScalarOrSchedule = lr
     if config.warmup_steps > 0:
         warmup = config.warmup_steps
         learning_rate = lambda count: lr * jnp.minimum(1.0, (count + 1) / warmup)  # noqa: E731
-    else:
-        learning_rate = lr
     return standard_promotion(optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
         optax.adamw(
@@ -114,6 +113,7 @@ def _advantages(o: PolicyObjective, rewards_MG, logp_old_BS, logp_ref_BS, mask_B
     """Advantages ``[B]`` or ``[B, S]`` with the algorithm's estimator and KL-in-reward."""
     M, G = rewards_MG.shape
     if o.overlong_buffer is not None:  # DAPO's soft overlong punishment, before any advantage
+        assert o.max_length is not None  # require_complete() refuses a buffer without it
         lengths_B = jnp.sum(mask_BS, axis=1)
         rewards_MG = rewards_MG + overlong_penalty(
             lengths_B, max_length=o.max_length, buffer_length=o.overlong_buffer
