@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import subprocess
+import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -67,6 +68,9 @@ def _claim_uids(slots: int, uid_base: int) -> tuple[list[int], list[int]]:
 
 class WeakIsolationRefused(SandboxUnavailable):
     """``auto`` found only the weak ``rlimits`` level, which was neither named nor allowed."""
+
+
+HELD_SLOT_WAIT_S = 60.0
 
 
 def probe_namespaces() -> str | None:
@@ -198,6 +202,8 @@ class Sandbox:
         self._free: queue.Queue[int] = queue.Queue()
         for uid in self.uids:
             self._free.put(uid)
+        self._held: set[int] = set()  # uids whose teardown left a process behind
+        self._held_lock = threading.Lock()
         processes.become_subreaper()
         log.info("%s", self.describe())
 
@@ -239,8 +245,16 @@ class Sandbox:
 
     def close(self) -> None:
         """Give the slots' uids back to other sandboxes (waits for live runs to end)."""
-        for _ in self.uids:
-            self._free.get()
+        returned = 0
+        while True:
+            with self._held_lock:
+                if returned + len(self._held) >= len(self.uids):
+                    break
+            try:
+                self._free.get(timeout=0.5)
+                returned += 1
+            except queue.Empty:
+                continue
         for cgroup in self._cgroups.values():
             cgroup.remove()
         for fd in self._locks:
@@ -284,7 +298,7 @@ class Sandbox:
         for name in files:
             if not name or "/" in name or name.startswith("."):
                 raise ConfigError(f"sandbox file name {name!r} must be a plain name like main.py")
-        uid = self._free.get()
+        uid = self._take_slot()
         live = None
         try:
             live = LiveRun(self.level, self._slots[uid], argv, files, limits, frozenset(executable))
@@ -293,4 +307,29 @@ class Sandbox:
             clean = live.teardown() if live is not None else processes.sweep(uid, self.uids)
             if clean:
                 self._free.put(uid)
-            # else the uid stays out of service: something of it could not be killed
+            else:  # out of service until a later sweep finds nothing of it left
+                with self._held_lock:
+                    self._held.add(uid)
+
+    def _take_slot(self) -> int:
+        """A free slot's uid. While none is free, slots held out of service are swept again
+        (what a busy host could not kill at once is usually gone a moment later); if every slot
+        stays held for ``HELD_SLOT_WAIT_S``, the sandbox is unavailable rather than waiting forever."""
+        waited = 0.0
+        while True:
+            try:
+                return self._free.get(timeout=0.5)
+            except queue.Empty:
+                waited += 0.5
+            with self._held_lock:
+                held = sorted(self._held)
+            for uid in held:
+                if processes.sweep(uid, self.uids):
+                    with self._held_lock:
+                        self._held.discard(uid)
+                    self._free.put(uid)
+            with self._held_lock:
+                stuck = len(self._held) == len(self.uids)
+            if stuck and waited >= HELD_SLOT_WAIT_S:
+                raise SandboxUnavailable(f"every sandbox slot ({', '.join(map(str, sorted(self._held)))}) still "
+                                         f"holds processes that could not be killed after {HELD_SLOT_WAIT_S:.0f} s")

@@ -46,3 +46,14 @@ def test_killed_runs_leave_no_zombies(namespaces_sandbox):
         result = namespaces_sandbox.run(["/usr/bin/sleep", "30"], limits=limits)
         assert result.timed_out and result.killed
     assert zombie_children() == []
+
+
+def test_a_slot_held_out_of_service_comes_back_once_nothing_of_it_is_left(namespaces_sandbox):
+    """A teardown that could not kill everything holds its slot out of service; when no slot is
+    free the sandbox sweeps the held ones again instead of waiting forever."""
+    sandbox = namespaces_sandbox
+    taken = [sandbox._free.get() for _ in range(sandbox.slots)]
+    with sandbox._held_lock:
+        sandbox._held.update(taken)  # as after unclean teardowns; nothing of these uids is alive
+    assert sandbox.run(["/usr/bin/true"]).exit_code == 0
+    assert len(sandbox._held) == 0 and sandbox._free.qsize() == sandbox.slots
