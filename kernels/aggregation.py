@@ -31,6 +31,7 @@ by a zero mask), so they reach neither the value nor the gradient.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -134,11 +135,10 @@ def token_weights(
     elif mode == "batch_token_mean":
         row_B = jnp.broadcast_to(_inverse(totals.num_tokens, dtype), lengths_B.shape)
     elif mode == "group_token_mean":
-        assert group_size is not None  # require_complete() refuses this mode without it
         group_M = _inverse(totals.num_groups, dtype) * _inverse(
-            _group_lengths(lengths_B, group_size), dtype
+            _group_lengths(lengths_B, group_size), dtype  # refuses a missing group_size
         )
-        row_B = jnp.repeat(group_M, group_size)
+        row_B = jnp.repeat(group_M, cast(int, group_size))
     elif mode == "seq_mean_token_sum":
         row_B = jnp.broadcast_to(per_sequence, lengths_B.shape)
     else:
