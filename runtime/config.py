@@ -187,11 +187,13 @@ class PretrainConfig(Section):
     is used as it is) and held-out evaluation.
 
     ``cache_dir`` (None: ``~/.cache/rlx/warm_start``) keeps finished warm starts by a digest of
-    their inputs. ``eval_size`` caps the held-out problems evaluated before and after RL.
+    their inputs. ``eval_size`` caps the held-out problems evaluated before and after RL. The
+    default of 250 steps leaves the demo's model at about a fifth of the held-out sums (19% with
+    seed 0; 300 steps give 64%, 400 give 91%), so RL has something to show.
     """
 
     NAME = "pretrain"
-    steps: int = 400
+    steps: int = 250
     batch_size: int = 128
     learning_rate: float = 1e-3
     cache_dir: str | None = None
