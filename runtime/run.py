@@ -231,11 +231,11 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     from runtime.controller import InitTask
     from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
 
-    def params_loader():
+    def params_loader() -> Callable[[int], tuple[dict, str]]:
         """Each inference worker keeps the one version it uses."""
         loaded: dict[int, tuple[dict, str]] = {}
 
-        def load_params(version: int):
+        def load_params(version: int) -> tuple[dict, str]:
             if version not in loaded:
                 loaded.clear()
                 loaded[version] = (pstore.get(version), pstore.digest(version))
