@@ -124,8 +124,7 @@ def _check_new_run(rundir: RunDir, ledger_url: str, params_url: str, run_name: s
     url = resolve_url(ledger_url)
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
-        if os.path.isdir(path):
-            raise UsageError(f"the ledger {path!r} is a directory; give a ledger file, or another --out")
+        # A directory named by a sqlite:/// URL is refused by the store itself, in one line.
         existing = open_store(url, readonly=True) if os.path.exists(path) else None
     else:  # a server: reachable now, not after the model is built
         existing = open_store(url, create=True)

@@ -15,11 +15,11 @@ import math
 from verifiers._generated import rlx_verifier_pb2 as pb
 from verifiers.code.limits import MIB, Limits
 from verifiers.errors import ConfigError
-from verifiers.math.config import read_tolerance
+from verifiers.math.config import MAX_TOLERANCE, read_tolerance
 
 MAX_SECONDS = 86_400.0  # a day: longer is a typo, and past ~24 days the OS timers overflow
 MAX_REL_TOL = fractions.Fraction(1)
-MAX_ABS_TOL = fractions.Fraction(10**9)
+MAX_ABS_TOL = fractions.Fraction(MAX_TOLERANCE)  # the math judge's own ceiling
 
 
 def seconds(value: float, name: str, maximum: float = MAX_SECONDS) -> float:
