@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "runtime.commands.ledger",
     "runtime.commands.verify",
     "runtime.commands.serve",
+    "runtime.commands.worker",
     "runtime.commands.replay",
     "runtime.commands.audit",
 )

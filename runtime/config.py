@@ -315,15 +315,22 @@ class TrainerConfig(Section):
         self._at_least("warmup_steps", 0)
 
 
+PROCESSES = "processes"
+THREADS = "threads"
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkersConfig(Section):
-    """Worker pools and leases: how many of each, how many concurrent leases per inference
+    """Worker pools and leases: whether the roles run as supervised ``rlx worker`` processes
+    served over gRPC (``mode = "processes"``, the default: kill any one and the run goes on) or
+    as threads of the ``rlx run`` process (``"threads"``); how many of each, how many concurrent leases per inference
     worker (``inference_slots``), how many sequences its engine decodes together
     (``inference_batch``; leases beyond it wait in the engine's queue and enter as slots free
     up), the tokens per page of its KV cache (``page_size``), and after how many seconds
     without a heartbeat a lease is given up."""
 
     NAME = "workers"
+    mode: str = PROCESSES
     inference: int = 1
     inference_slots: int = 256
     inference_batch: int = 64
@@ -332,6 +339,7 @@ class WorkersConfig(Section):
     lease_timeout_s: float = 120.0
 
     def check(self) -> None:
+        self._choice("mode", [PROCESSES, THREADS])
         self._at_least("inference", 1)
         self._at_least("inference_slots", 1)
         self._at_least("inference_batch", 1)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from ledger import events as ev
 from ledger import open_store
-from runtime.config import Config
+from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.rundir import RunDir
 from runtime.session import Session, build_session, fingerprint
@@ -225,8 +225,52 @@ class _Retirer:
 
 def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, retirer: _Retirer, t_start: float,
            progress: bool, log: Callable[[str], None]) -> dict:
-    """Run the worker threads until the run finishes; evaluate versions 0 and final on the held-out
-    split (after the run, so a resume goes back to work at once); write summary.json, report.png."""
+    """Run the workers (processes or threads, ``workers.mode``) until the run finishes; evaluate
+    versions 0 and final on the held-out split (after the run, so a resume goes back to work at
+    once); write summary.json, report.png."""
+    # Everything built so far (model, compiled programs, the folded state) lives for the whole
+    # run: keep it out of the cyclic collector's passes until the run ends. The controller and
+    # the worker threads allocate many short-lived, acyclic objects (events, leases, tuples):
+    # collect the young generation 20,000 allocations apart instead of 700, which cut the time
+    # every thread spends in the collector by about 5x in `scripts/bench_e2e.py`.
+    gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], 20_000), *thresholds[1:])
+    t_rl = time.monotonic()
+    try:
+        if config.workers.mode == PROCESSES:
+            _run_processes(config, out, pstore, ctrl, retirer, progress, log)
+        else:
+            _run_threads(session, config, pstore, ctrl, retirer, progress)
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        retirer.sweep()
+    rl_seconds = time.monotonic() - t_rl
+    state = ctrl.state
+    final_version = state.latest
+    final_digest = state.versions[final_version]
+    eval_before = session.evaluate(pstore.get(0), limit=config.pretrain.eval_size)
+    eval_after = session.evaluate(pstore.get(final_version), limit=config.pretrain.eval_size)
+    log(f"held-out pass rate: {eval_before:.1%} before RL (version 0), {eval_after:.1%} after")
+    summary = _summary(store, config, final_version, final_digest, eval_before, eval_after,
+                       rl_seconds, time.monotonic() - t_start, ctrl.completed_tokens, session)
+    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    from runtime.report import plot_report
+
+    plot_report(summary, os.path.join(out, "report.png"))
+    return summary
+
+
+def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retirer, progress: bool) -> None:
+    """The roles as threads of this process; the first error stops the run.
+
+    The watch loop heartbeats for every worker thread, naming what it has in hand, just before it
+    expires silent leases: a thread is alive as long as this process is, so a generation or a
+    step longer than the lease timeout keeps its worker and its leases. A worker found lost all
+    the same joins again under a new id.
+    """
     from runtime.controller import InitTask
     from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
 
@@ -250,86 +294,140 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     verifiers = [TaskVerifier(f"verifier-{i}", session.task, session.codec) for i in range(config.workers.verifiers)]
     trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, session.step_config,
                           group_size=config.sampling.group_size, width=session.width)
+    in_hand: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # worker id -> (rollouts, steps)
+    joins: dict[str, int] = {}
+
+    def join(worker, role: str, **kwargs) -> None:
+        """Join ``worker`` (again, under a new id, if it was lost)."""
+        base = worker.worker_id.split("~")[0]
+        n = joins[base] = joins.get(base, -1) + 1
+        worker.worker_id = base if n == 0 else f"{base}~{n}"
+        ctrl.join(worker.worker_id, role, **kwargs)
+
     # The engine's batch shape decides the bits of every completion: recorded for replays.
     for w in inferences:
-        ctrl.join(w.worker_id, "inference", slots=w.slots, info={"engine": w.engine.batch_shape})
+        join(w, "inference", slots=w.slots, info={"engine": w.engine.batch_shape})
     for v in verifiers:
-        ctrl.join(v.worker_id, "verifier")
-    ctrl.join(trainer.worker_id, "trainer")
+        join(v, "verifier")
+    join(trainer, "trainer")
 
     def infer(inference) -> Callable[[], bool]:
         def body() -> bool:
+            if not ctrl.joined(inference.worker_id):
+                join(inference, "inference", slots=inference.slots, info={"engine": inference.engine.batch_shape})
             leases = ctrl.leases(inference.worker_id)
             if not leases:
                 return False
-            ctrl.complete(inference.generate(leases))
+            in_hand[inference.worker_id] = (tuple(lease.rollout_id for lease in leases), ())
+            try:
+                ctrl.complete(inference.generate(leases))
+            finally:
+                in_hand.pop(inference.worker_id, None)
             return True
 
         return body
 
     def verify(verifier) -> Callable[[], bool]:
         def body() -> bool:
+            if not ctrl.joined(verifier.worker_id):
+                join(verifier, "verifier")
             tasks = ctrl.scoring_work(verifier.worker_id, 512)
             if not tasks:
                 return False
-            ctrl.record_outcomes(verifier.score(tasks))
+            in_hand[verifier.worker_id] = (tuple(t.rollout_id for t in tasks), ())
+            try:
+                ctrl.record_outcomes(verifier.score(tasks))
+            finally:
+                in_hand.pop(verifier.worker_id, None)
             return True
 
         return body
 
     def train() -> bool:
+        if not ctrl.joined(trainer.worker_id):
+            join(trainer, "trainer")
         task = ctrl.train_task(trainer.worker_id)
         if task is None:
             return False
-        ctrl.publish([trainer.initialize(task)] if isinstance(task, InitTask) else list(trainer.train(task)))
+        in_hand[trainer.worker_id] = ((), (0 if isinstance(task, InitTask) else task.step,))
+        try:
+            ctrl.publish([trainer.initialize(task)] if isinstance(task, InitTask) else list(trainer.train(task)))
+        finally:
+            in_hand.pop(trainer.worker_id, None)
         return True
 
+    def heartbeat() -> None:
+        for w in (*inferences, *verifiers, trainer):
+            rollouts, steps = in_hand.get(w.worker_id, ((), ()))
+            ctrl.heartbeat(w.worker_id, rollouts=rollouts, steps=steps)
+
     workers = _Workers()
-    # Everything built so far (model, compiled programs, the folded state) lives for the whole
-    # run: keep it out of the cyclic collector's passes until the run ends. The workers allocate many short-lived,
-    # acyclic objects (events, leases, tuples): collect the young generation 20,000 allocations
-    # apart instead of 700, which cut the time every thread spends in the collector by about
-    # 5x in `scripts/bench_e2e.py`.
-    gc.freeze()
-    thresholds = gc.get_threshold()
-    gc.set_threshold(max(thresholds[0], 20_000), *thresholds[1:])
-    t_rl = time.monotonic()
     workers.spawn("trainer", train)
     for v in verifiers:
         workers.spawn(v.worker_id, verify(v))
     for w in inferences:
         workers.spawn(w.worker_id, infer(w))
     try:
-        _watch(ctrl, workers, retirer, trainer, inferences, config, progress)
+        _watch(ctrl, retirer, config, progress, stopped=workers.stop.is_set, tick=heartbeat,
+               wait=workers.stop.wait)
     finally:
         workers.join()
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-        retirer.sweep()
     if workers.error is not None:
         raise workers.error
-    rl_seconds = time.monotonic() - t_rl
-    state = ctrl.state
-    final_version = state.latest
-    final_digest = state.versions[final_version]
-    eval_before = session.evaluate(pstore.get(0), limit=config.pretrain.eval_size)
-    eval_after = session.evaluate(pstore.get(final_version), limit=config.pretrain.eval_size)
-    log(f"held-out pass rate: {eval_before:.1%} before RL (version 0), {eval_after:.1%} after")
-    summary = _summary(store, config, final_version, final_digest, eval_before, eval_after,
-                       rl_seconds, time.monotonic() - t_start, sum(w.generated_tokens for w in inferences), session)
-    with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
-    from runtime.report import plot_report
-
-    plot_report(summary, os.path.join(out, "report.png"))
-    return summary
 
 
-def _watch(ctrl, workers: _Workers, retirer: _Retirer, trainer, inferences, config: Config, progress: bool) -> None:
-    """Wait for the run to finish, showing progress and expiring silent leases."""
+def _run_processes(config: Config, out: str, pstore, ctrl, retirer: _Retirer, progress: bool,
+                   log: Callable[[str], None]) -> None:
+    """The roles as ``rlx worker`` processes that this process supervises, served over gRPC on
+    loopback with a token of this run's own."""
+    import secrets
+
+    from runtime.service.server import ControllerService, serve
+    from runtime.service.supervisor import Journal, Supervisor
+    from verifiers.service.security import TOKEN_ENV, ListenAddress, ServerSecurity
+
+    token = secrets.token_urlsafe(32)
+    journal = Journal(os.path.join(out, "workers.jsonl"))
+
+    def verify_weights(version: int, digest: str) -> str | None:
+        if version not in pstore.versions():
+            return f"version {version} is not in the parameter store {pstore.url}"
+        stored = pstore.digest(version)
+        return None if stored == digest else f"version {version} in the parameter store has digest {stored[:16]}"
+
+    holder: list[Supervisor] = []
+    service = ControllerService(ctrl, config=config.to_dict(), params_url=pstore.url, verify_weights=verify_weights,
+                                on_accept=lambda wid: holder[0].delivered(wid) if holder else None)
+    served = serve(service, ListenAddress("127.0.0.1", 0), ServerSecurity(token=token))
+    w = config.workers
+    supervisor = Supervisor(f"127.0.0.1:{served.port}", [("trainer", 1), ("verifier", w.verifiers),
+                                                          ("inference", w.inference)],
+                            log_dir=os.path.join(out, "logs"), journal=journal, lose=ctrl.lose,
+                            joined_ids=lambda: tuple(ctrl.state.workers.keys()), env={TOKEN_ENV: token})
+    holder.append(supervisor)
+    supervisor.start()
+    log(f"workers: {len(supervisor.slots)} processes (their output in {os.path.join(out, 'logs')})")
+    try:
+        _watch(ctrl, retirer, config, progress,
+               stopped=lambda: supervisor.failure is not None or service.fenced.is_set(), tick=supervisor.poll)
+    finally:
+        supervisor.stop()
+        served.stop()
+    if supervisor.failure is not None:
+        raise UsageError(supervisor.failure)
+    if service.fenced.is_set():
+        from runtime.controller.loop import ControllerFenced
+
+        raise ControllerFenced(f"controller of run {ctrl.run_id!r} at epoch {ctrl.epoch} is fenced by a newer one")
+
+
+def _watch(ctrl, retirer: _Retirer, config: Config, progress: bool, *, stopped: Callable[[], bool],
+           tick: Callable[[], None], wait: Callable[[float], object] = time.sleep) -> None:
+    """Wait for the run to finish, showing progress, calling ``tick`` and expiring silent leases."""
     steps = config.run.steps
     last_expire = time.monotonic()
     t0 = time.monotonic()
+    tokens0 = ctrl.completed_tokens
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -338,16 +436,17 @@ def _watch(ctrl, workers: _Workers, retirer: _Retirer, trainer, inferences, conf
         bar.start()
         task_id = bar.add_task("rl", total=steps, info="")
     try:
-        while not ctrl.finished and not workers.stop.is_set():
-            workers.stop.wait(0.2)
+        while not ctrl.finished and not stopped():
+            wait(0.2)
             retirer.sweep()
+            tick()
             now = time.monotonic()
             if now - last_expire > 1.0:
                 ctrl.expire()
                 last_expire = now
             if progress:
-                m = trainer.last_metrics
-                rate = sum(w.generated_tokens for w in inferences) / max(now - t0, 1e-9)
+                m = ctrl.last_metrics
+                rate = (ctrl.completed_tokens - tokens0) / max(now - t0, 1e-9)
                 info = (f"reward {m.get('reward_mean', 0):.3f}  pass {m.get('pass_rate', 0):.1%}  "
                         f"{rate:,.0f} tok/s") if m else "starting"
                 bar.update(task_id, completed=ctrl.state.trained, info=info)

@@ -191,12 +191,13 @@ def step_config(config: Config, model):
     )
 
 
-def build_session(config: Config, *, log: Log = print, judge: bool = True) -> Session:
+def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True) -> Session:
     """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
 
     With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
     isolation level stops the run before anything is trained; a replay, which re-trains from
-    logged outcomes and judges nothing, passes False.
+    logged outcomes and judges nothing, passes False. Without ``warm`` the model keeps its
+    initial weights: for a worker that reads every version it uses from the parameter store.
     """
     from runtime.tasks.base import TextCodec
     from runtime.trainer.pretrain import cached_warm_start
@@ -227,7 +228,7 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True) -> Se
                          f"(max_position_embeddings); it must be <= {positions - longest_prompt}")
     warm: dict = {"steps": 0, "cached": False}
     p = config.pretrain
-    if p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
+    if warm and p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
         cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
         log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
         model, path, cached = cached_warm_start(model, task, p, seed=config.run.seed, width=width, cache_dir=cache_dir)

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Regenerate the protobuf and gRPC stubs of the verifier service.
+"""Regenerate the protobuf and gRPC stubs of rlx's services (verifier, controller).
 
-    python scripts/gen_protos.py          # writes verifiers/_generated/
+    python scripts/gen_protos.py          # writes verifiers/_generated/ and runtime/_generated/
     python scripts/gen_protos.py --check  # exits 1 if the committed stubs are stale
 
-Reads every ``*.proto`` in ``verifiers/protos/``; the stubs land in ``verifiers/_generated/``
-with their imports made absolute (``from verifiers._generated import ...``). The generated files
+Reads every ``*.proto`` in ``<package>/protos/``; the stubs land in ``<package>/_generated/``
+with their imports made absolute (``from <package>._generated import ...``). The generated files
 are committed and never edited by hand.
 """
 
@@ -19,14 +19,13 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PROTOS = ROOT / "verifiers" / "protos"
-OUT = ROOT / "verifiers" / "_generated"
-PACKAGE = "verifiers._generated"
+PACKAGES = ("verifiers", "runtime")
 
 
-def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
+def generate(package: str, out_dir: pathlib.Path) -> list[pathlib.Path]:
     from grpc_tools import protoc
 
+    PROTOS, PACKAGE = ROOT / package / "protos", f"{package}._generated"
     protos = sorted(PROTOS.glob("*.proto"))
     if not protos:
         raise SystemExit(f"gen_protos: no .proto file in {PROTOS}")
@@ -61,14 +60,20 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="fail if the committed stubs are stale")
     args = parser.parse_args()
     if args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            fresh = generate(pathlib.Path(tmp))
-            stale = [p.name for p in fresh if not (OUT / p.name).exists()
-                     or (OUT / p.name).read_text() != p.read_text()]
+        stale = []
+        for package in PACKAGES:
+            out = ROOT / package / "_generated"
+            with tempfile.TemporaryDirectory() as tmp:
+                fresh = generate(package, pathlib.Path(tmp))
+                stale += [f"{package}/_generated/{p.name}" for p in fresh if not (out / p.name).exists()
+                          or (out / p.name).read_text() != p.read_text()]
         print(json.dumps({"stale": stale}))
         return 1 if stale else 0
-    OUT.mkdir(exist_ok=True)
-    written = generate(OUT)
+    written = []
+    for package in PACKAGES:
+        out = ROOT / package / "_generated"
+        out.mkdir(exist_ok=True)
+        written += generate(package, out)
     print(json.dumps({"written": [str(p.relative_to(ROOT)) for p in written]}))
     return 0
 

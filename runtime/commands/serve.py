@@ -19,11 +19,13 @@ MAX_MATH_WORKERS = 64
 MAX_MEMORY_MB = 1 << 20
 
 
-def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--host``, ``--port`` and the token/TLS options, shared by every rlx gRPC service."""
-    parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1; any other needs a token)")
+def add_listen_arguments(parser: argparse.ArgumentParser, *, port: bool = True) -> None:
+    """``--host``, ``--port`` and the token/TLS options, shared by every rlx gRPC service
+    (without ``port``, only the token/TLS options: the command takes its address otherwise)."""
+    if port:
+        parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port)")
+        parser.add_argument("--host", default="127.0.0.1",
+                            help="address to listen on (default 127.0.0.1; any other needs a token)")
     parser.add_argument("--token-file", metavar="FILE",
                         help="file holding the bearer token callers must send (default: $RLX_TOKEN)")
     parser.add_argument("--tls-cert", metavar="PEM", help="server certificate chain: serve TLS")

@@ -76,12 +76,15 @@ class ControllerLoop:
         self.rejected = 0
         self._state = INITIAL
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified after every append
         self._fenced: str | None = None
         self._seen: dict[str, float] = {}  # worker id -> last call
         self._held: dict[str, dict[int, None]] = {}  # worker id -> rollout ids leased to it (lazily pruned)
         self._leased_at: dict[int, float] = {}  # rollout id -> time of its current lease
-        self._scoring: dict[int, float] = {}  # rollout id -> when it was handed out for scoring
-        self._training: dict[int, float] = {}  # step -> when it was handed out for training
+        self._scoring: dict[int, tuple[float, str]] = {}  # rollout id -> when and to whom handed out for scoring
+        self._training: dict[int, tuple[float, str]] = {}  # step -> when and to whom handed out for training
+        self.completed_tokens = 0  # tokens of the accepted completions this controller appended
+        self.last_metrics: dict = {}  # metrics of the newest TrainStepCompleted it appended
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -159,16 +162,40 @@ class ControllerLoop:
             now = self.clock()
             observe = self.cache.observe
             for event in batch:
-                if type(event) is ev.RolloutAssigned:
+                kind = type(event)
+                if kind is ev.RolloutAssigned:
                     held, leased_at = self._held.setdefault(event.worker_id, {}), self._leased_at
                     for rid in event.rollout_ids:
                         held[rid] = None
                         leased_at[rid] = now
-                else:
-                    observe(event)
-                    if type(event) is ev.VersionsRetired and self.on_retire is not None:
-                        self.on_retire(tuple(event.versions))
+                    continue
+                observe(event)
+                if kind is ev.RolloutCompleted:
+                    self.completed_tokens += len(event.tokens)
+                elif kind is ev.VersionsRetired and self.on_retire is not None:
+                    self.on_retire(tuple(event.versions))
+                elif kind is ev.WorkerLost:
+                    self._release(event.worker_id)
+                elif kind is ev.TrainStepCompleted:
+                    self.last_metrics = dict(event.metrics)
+            self._changed.notify_all()
             return verdicts
+
+    def _release(self, worker_id: str) -> None:
+        """Give back what was handed out to a lost worker: its scoring and training hand-outs
+        (its leases go back in the fold)."""
+        self._held.pop(worker_id, None)
+        self._seen.pop(worker_id, None)
+        for table in (self._scoring, self._training):
+            for key in [k for k, (_, holder) in table.items() if holder == worker_id]:
+                del table[key]
+
+    def wait_for_change(self, seq: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for an append after ledger head ``seq``; True if one came."""
+        with self._changed:
+            if self.head_seq == seq and not self._fenced:
+                self._changed.wait(max(0.0, timeout))
+            return self.head_seq != seq
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -186,9 +213,33 @@ class ControllerLoop:
     def leave(self, worker_id: str, reason: str = "shutdown") -> Verdict:
         return self._one(ev.WorkerLost(worker_id, reason))
 
-    def heartbeat(self, worker_id: str) -> None:
+    def heartbeat(self, worker_id: str, *, rollouts: Iterable[int] = (), steps: Iterable[int] = ()) -> None:
+        """The worker is alive and still working on ``rollouts`` (leased to it, or handed to it
+        for scoring) and ``steps`` (handed to it for training): their lease periods start again,
+        so work longer than the lease timeout is not given to another worker while it runs."""
         with self._lock:
-            self._seen[worker_id] = self.clock()
+            now = self._seen[worker_id] = self.clock()
+            held = self._held.get(worker_id, {})
+            for rid in rollouts:
+                if rid in held:
+                    self._leased_at[rid] = now
+                if self._scoring.get(rid, (0.0, None))[1] == worker_id:
+                    self._scoring[rid] = (now, worker_id)
+            for step in steps:
+                if self._training.get(step, (0.0, None))[1] == worker_id:
+                    self._training[step] = (now, worker_id)
+
+    def joined(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` is joined (a lost worker must join again, under a new id)."""
+        return worker_id in self._state.workers
+
+    def lose(self, worker_ids: Iterable[str], reason: str) -> list[Verdict]:
+        """Record that these workers are gone (e.g. their process died): their leases and
+        hand-outs go back at once, without waiting for the lease timeout. Unjoined ids are skipped."""
+        with self._lock:
+            workers = self._state.workers
+            lost = [ev.WorkerLost(wid, reason) for wid in sorted(set(worker_ids)) if wid in workers]
+            return self.submit(lost) if lost else []
 
     def leases(self, worker_id: str) -> list[Lease]:
         """The worker's current leases (also a heartbeat). Empty if it is not joined."""
@@ -221,12 +272,14 @@ class ControllerLoop:
             out: list[ScoreTask] = []
             handed, cutoff = self._scoring, now - self.lease_timeout_s
             requests, completions = self.cache.requests, self.cache.completions
+            never = (cutoff, "")
+            mine = (now, worker_id)
             for rid in self.cache.unscored:
                 if len(out) >= limit:
                     break
-                if handed.get(rid, cutoff) > cutoff:  # handed out within the lease period
+                if handed.get(rid, never)[0] > cutoff:  # handed out within the lease period
                     continue
-                handed[rid] = now
+                handed[rid] = mine
                 out.append(ScoreTask(rid, requests[rid].prompt_index, completions[rid]))
             return out
 
@@ -252,9 +305,9 @@ class ControllerLoop:
                 step = s.trained + 1
             else:
                 return None
-            if now - self._training.get(step, -float("inf")) < self.lease_timeout_s:
+            if now - self._training.get(step, (-float("inf"), ""))[0] < self.lease_timeout_s:
                 return None
-            self._training[step] = now
+            self._training[step] = (now, worker_id)
             if step == 0:
                 return InitTask()
             batch = self.cache.batches[step]

@@ -1,0 +1,85 @@
+"""``rlx worker ROLE`` and ``rlx controller``: a run's roles as processes, on one machine or many.
+
+``rlx controller --ledger URL --params URL --listen HOST:PORT`` serves one run to its workers:
+it creates the run from a config (``--config``/``--set``) if the ledger does not hold it, and
+otherwise continues it under a new writer epoch (an older controller still running is fenced).
+``rlx worker inference|verifier|trainer --controller HOST:PORT[,HOST:PORT]`` is one worker.
+Both listen and connect with the rules of every rlx service: loopback by default, a token for
+any other address (``$RLX_TOKEN`` or ``--token-file``), TLS by flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from runtime.commands.serve import add_listen_arguments
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from runtime.controller.workers import ROLES
+
+    p = subparsers.add_parser("worker", help="one worker process (inference, verifier or trainer) of a run")
+    p.add_argument("role", choices=ROLES, help="what the worker does")
+    p.add_argument("--controller", required=True, metavar="HOST:PORT[,HOST:PORT]",
+                   help="the controller's address (several: tried in turn when one does not answer)")
+    p.add_argument("--worker-id", help="the id to join under (default ROLE-HOST-PID); a rejoin appends ~N")
+    p.add_argument("--token-file", metavar="FILE", help="file holding the controller's token (default: $RLX_TOKEN)")
+    p.add_argument("--tls-root-cert", metavar="PEM", help="CA of the controller's certificate: connect with TLS")
+    p.add_argument("--tls-client-cert", metavar="PEM", help="this worker's certificate (mutual TLS)")
+    p.add_argument("--tls-client-key", metavar="PEM", help="this worker's key (with --tls-client-cert)")
+    p.add_argument("--retry-for", type=float, default=600.0, metavar="S",
+                   help="give up after S seconds without a controller (default 600)")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="exit when the process that started this one exits (used by rlx run)")
+    p.set_defaults(func=cmd_worker)
+
+    c = subparsers.add_parser("controller", help="serve a run's controller to worker processes over gRPC")
+    c.add_argument("--ledger", required=True, help="ledger URL (PostgreSQL for runs that span machines, or SQLite)")
+    c.add_argument("--params", required=True, help="parameter store URL every worker can reach")
+    c.add_argument("--listen", default="127.0.0.1:7000", metavar="HOST:PORT",
+                   help="address to serve workers on (default 127.0.0.1:7000; any other host needs a token)")
+    c.add_argument("--run", dest="run_id", help="run id (default: run.name of the config)")
+    c.add_argument("config", nargs="?", help="TOML config of a new run (default: the built-in demo)")
+    c.add_argument("--steps", type=int, help="training steps of a new run (run.steps)")
+    c.add_argument("--seed", type=int, help="seed of a new run (run.seed)")
+    c.add_argument("--model", help="local Hugging Face checkpoint directory (model.path)")
+    c.add_argument("--data", help="JSONL file (data.path)")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a config value of a new run (repeatable)")
+    add_listen_arguments(c, port=False)
+    c.set_defaults(func=cmd_controller, steps_field="run.steps")
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from runtime.service.client import parse_targets
+    from runtime.service.worker import main
+    from verifiers.service.security import load_token
+
+    targets = parse_targets(args.controller)
+    token = load_token(args.token_file)
+    tls = {"root_cert": args.tls_root_cert, "client_cert": args.tls_client_cert, "client_key": args.tls_client_key}
+    if args.exit_with_parent:
+        from runtime.service.worker import exit_with_parent
+
+        exit_with_parent()
+    return main(args.role, targets, worker_id=args.worker_id, token=token, tls=tls, retry_for_s=args.retry_for)
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    import json
+
+    from runtime.commands.run import _config
+    from runtime.deploy import serve_controller
+    from runtime.errors import UsageError
+
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UsageError(f"--listen {args.listen!r} is not HOST:PORT (e.g. 127.0.0.1:7000)")
+    args.host, args.port = host, int(port)
+    from runtime.commands.serve import listen_settings
+
+    address, security = listen_settings(args)
+    summary = serve_controller(args.ledger, args.params, address, security, run_id=args.run_id,
+                               config=lambda: _config(args))
+    print(json.dumps(summary, sort_keys=True), flush=True)
+    return 0

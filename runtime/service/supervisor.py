@@ -1,0 +1,198 @@
+"""Starts a run's worker processes, notices at once when one dies, and starts it again.
+
+Each worker slot (``inference-0``, ``verifier-0``, ``trainer-0``…) runs one ``rlx worker ROLE``
+child at a time; the n-th child of a slot joins as ``SLOT.n``. The supervisor polls its children
+(``poll``, called by the run's watch loop a few times a second): a child that exited or was
+killed is reaped, its loss is recorded in the ledger at once (``lose``: its leases and hand-outs go
+back without waiting for the lease timeout), and the slot is started again — at once if the dead
+child had delivered work, else after a doubling back-off. A slot whose children die
+``MAX_FAILURES`` times in a row without delivering anything stops the run with a one-line reason.
+
+``workers.jsonl`` in the run directory records each start, exit and first accepted submission with
+its wall time (for people and ``scripts/chaos.py``; nothing decides on it), and each child's output
+goes to ``logs/WORKER_ID.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+MAX_FAILURES = 5
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 10.0
+STOP_GRACE_S = 5.0
+
+
+def rlx_command() -> list[str]:
+    """How to start ``rlx``: the console script next to this interpreter, else ``python -m``."""
+    script = os.path.join(os.path.dirname(sys.executable), "rlx")
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        return [sys.executable, script]
+    found = shutil.which("rlx")
+    return [found] if found else [sys.executable, "-m", "runtime.cli"]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Journal:
+    """Appends one JSON object per line, with the wall time (never read by anything that decides)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+
+    def write(self, event: str, **fields) -> None:
+        line = json.dumps({"t": time.time(), "event": event, **fields}, sort_keys=True)
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+class _Slot:
+    def __init__(self, name: str, role: str):
+        self.name, self.role = name, role
+        self.spawns = 0
+        self.failures = 0  # deaths in a row without delivered work
+        self.proc: subprocess.Popen | None = None
+        self.worker_id = ""
+        self.log_path = ""
+        self.delivered = False
+        self.restart_at = 0.0
+
+
+class Supervisor:
+    """Runs ``count`` workers of each role against the controller at ``target``.
+
+    Args:
+        target: the controller's ``HOST:PORT``.
+        roles: ``(role, count)`` pairs.
+        log_dir: where each child's output goes.
+        journal: where starts, exits and first deliveries are recorded.
+        lose: records that workers are gone (``ControllerLoop.lose``); called with every id a
+            dead child may have joined under.
+        joined_ids: the ids now joined (to find a child's rejoins, ``ID~N``).
+        env: extra environment for the children (the run's token).
+    """
+
+    def __init__(self, target: str, roles: Sequence[tuple[str, int]], *, log_dir: str, journal: Journal,
+                 lose: Callable[[Iterable[str], str], object], joined_ids: Callable[[], Iterable[str]],
+                 env: dict[str, str] | None = None, max_failures: int = MAX_FAILURES):
+        self.target = target
+        self.slots = [_Slot(f"{role}-{i}", role) for role, count in roles for i in range(count)]
+        self.log_dir = log_dir
+        self.journal = journal
+        self.lose = lose
+        self.joined_ids = joined_ids
+        self.env = {**os.environ, **(env or {})}
+        self.max_failures = max_failures
+        self.failure: str | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        for slot in self.slots:
+            self._spawn(slot)
+
+    def _spawn(self, slot: _Slot) -> None:
+        slot.spawns += 1
+        slot.worker_id = f"{slot.name}.{slot.spawns}"
+        slot.delivered = False
+        slot.log_path = os.path.join(self.log_dir, f"{slot.worker_id}.log")
+        argv = [*rlx_command(), "worker", slot.role, "--controller", self.target, "--worker-id", slot.worker_id,
+                "--retry-for", "60", "--exit-with-parent"]
+        with open(slot.log_path, "ab") as log:
+            slot.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.env, start_new_session=False)
+        self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=slot.proc.pid)
+
+    def delivered(self, worker_id: str) -> None:
+        """A submission of ``worker_id`` was accepted (called from the service's threads)."""
+        with self._lock:
+            for slot in self.slots:
+                if not slot.delivered and (worker_id == slot.worker_id or worker_id.startswith(slot.worker_id + "~")):
+                    slot.delivered = True
+                    slot.failures = 0
+                    self.journal.write("first_accept", slot=slot.name, role=slot.role, worker_id=worker_id)
+
+    def pids(self) -> dict[str, int]:
+        """Worker id → pid of the live children."""
+        return {s.worker_id: s.proc.pid for s in self.slots if s.proc is not None and s.proc.poll() is None}
+
+    def poll(self) -> None:
+        """Reap dead children, record their loss, restart them (see module docstring)."""
+        now = time.monotonic()
+        for slot in self.slots:
+            proc = slot.proc
+            if proc is not None:
+                code = proc.poll()
+                if code is None:
+                    continue
+                how = describe_exit(code)
+                slot.proc = None
+                ids = [wid for wid in self.joined_ids()
+                       if wid == slot.worker_id or wid.startswith(slot.worker_id + "~")]
+                self.lose(ids, f"process {how}")
+                self.journal.write("exit", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=proc.pid,
+                                   how=how)
+                with self._lock:
+                    if not slot.delivered:
+                        slot.failures += 1
+                    failures = slot.failures
+                if failures >= self.max_failures:
+                    self.failure = (f"the {slot.role} worker {slot.name} died {failures} times in a row without "
+                                    f"delivering work (last: {how}; its output: {slot.log_path}: "
+                                    f"{_last_line(slot.log_path)})")
+                    return
+                slot.restart_at = now + (0.0 if failures == 0 else min(BACKOFF_FIRST_S * 2 ** (failures - 1),
+                                                                       BACKOFF_MAX_S))
+            if slot.proc is None and now >= slot.restart_at:
+                self._spawn(slot)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Wait up to ``grace_s`` for the children to exit (they do when the run finishes), then
+        terminate the rest."""
+        deadline = time.monotonic() + grace_s
+        live = [s.proc for s in self.slots if s.proc is not None]
+        for proc in live:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in live:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in live:
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for slot in self.slots:
+            if slot.proc is not None:
+                self.journal.write("exit", slot=slot.name, role=slot.role, worker_id=slot.worker_id,
+                                   pid=slot.proc.pid, how=describe_exit(slot.proc.returncode))
+                slot.proc = None
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no output)"
+    return lines[-1].strip()[:300] if lines else "(no output)"
