@@ -357,9 +357,10 @@ def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retir
         return True
 
     def heartbeat() -> None:
-        for w in (*inferences, *verifiers, trainer):
-            rollouts, steps = in_hand.get(w.worker_id, ((), ()))
-            ctrl.heartbeat(w.worker_id, rollouts=rollouts, steps=steps)
+        ids = [w.worker_id for w in inferences] + [v.worker_id for v in verifiers] + [trainer.worker_id]
+        for wid in ids:
+            rollouts, steps = in_hand.get(wid, ((), ()))
+            ctrl.heartbeat(wid, rollouts=rollouts, steps=steps)
 
     workers = _Workers()
     workers.spawn("trainer", train)

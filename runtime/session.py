@@ -226,16 +226,16 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
         raise UsageError(f"sampling.max_tokens {config.sampling.max_tokens} is too large for this model: the longest "
                          f"prompt ({longest_prompt} tokens) plus it exceeds its {positions} positions "
                          f"(max_position_embeddings); it must be <= {positions - longest_prompt}")
-    warm: dict = {"steps": 0, "cached": False}
+    warm_start: dict = {"steps": 0, "cached": False}
     p = config.pretrain
     if warm and p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
         cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
         log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
         model, path, cached = cached_warm_start(model, task, p, seed=config.run.seed, width=width, cache_dir=cache_dir)
-        warm = {"steps": p.steps, "cached": cached, "checkpoint": path}
+        warm_start = {"steps": p.steps, "cached": cached, "checkpoint": path}
     shape = EngineShape.for_run(config, width)
     return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model),
-                   step_config(config, model), sandbox, warm)
+                   step_config(config, model), sandbox, warm_start)
 
 
 __all__ = ["EngineShape", "Session", "build_session", "fingerprint", "make_task", "step_config"]

@@ -162,21 +162,20 @@ class ControllerLoop:
             now = self.clock()
             observe = self.cache.observe
             for event in batch:
-                kind = type(event)
-                if kind is ev.RolloutAssigned:
+                if type(event) is ev.RolloutAssigned:
                     held, leased_at = self._held.setdefault(event.worker_id, {}), self._leased_at
                     for rid in event.rollout_ids:
                         held[rid] = None
                         leased_at[rid] = now
                     continue
                 observe(event)
-                if kind is ev.RolloutCompleted:
+                if type(event) is ev.RolloutCompleted:
                     self.completed_tokens += len(event.tokens)
-                elif kind is ev.VersionsRetired and self.on_retire is not None:
+                elif type(event) is ev.VersionsRetired and self.on_retire is not None:
                     self.on_retire(tuple(event.versions))
-                elif kind is ev.WorkerLost:
+                elif type(event) is ev.WorkerLost:
                     self._release(event.worker_id)
-                elif kind is ev.TrainStepCompleted:
+                elif type(event) is ev.TrainStepCompleted:
                     self.last_metrics = dict(event.metrics)
             self._changed.notify_all()
             return verdicts

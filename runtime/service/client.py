@@ -84,12 +84,12 @@ class ControllerClient:
         try:
             return getattr(stub, name)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            code = e.code()  # type: ignore[attr-defined]
+            code = e.code()
             if code in RETRY:
-                raise Disconnected(f"{name} to {self.target}: {code.name}: {e.details()}") from None  # type: ignore[attr-defined]
+                raise Disconnected(f"{name} to {self.target}: {code.name}: {e.details()}") from None
             if code == grpc.StatusCode.ALREADY_EXISTS:
-                raise AlreadyJoined(e.details()) from None  # type: ignore[attr-defined]
-            raise UsageError(f"the controller at {self.target} refused {name}: {code.name}: {e.details()}") from None  # type: ignore[attr-defined]
+                raise AlreadyJoined(e.details()) from None
+            raise UsageError(f"the controller at {self.target} refused {name}: {code.name}: {e.details()}") from None
 
     # -- the calls ------------------------------------------------------------------------------
 

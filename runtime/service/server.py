@@ -169,11 +169,11 @@ class ControllerService(pb_grpc.ControllerServicer):
                         if problem:
                             raise wire.WireError(problem)
             if role == INFERENCE:
-                verdicts = ctrl.complete(events)  # type: ignore[arg-type]
+                verdicts = ctrl.complete(events)
             elif role == VERIFIER:
-                verdicts = ctrl.record_outcomes(events)  # type: ignore[arg-type]
+                verdicts = ctrl.record_outcomes(events)
             else:
-                verdicts = ctrl.publish(events)  # type: ignore[arg-type]
+                verdicts = ctrl.publish(events)
             if self.on_accept is not None and any(v.accepted for v in verdicts):
                 self.on_accept(wid)
             return pb.SubmitReply(standing=self._standing(wid),
