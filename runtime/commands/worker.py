@@ -76,6 +76,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     if not sep or not port.isdigit():
         raise UsageError(f"--listen {args.listen!r} is not HOST:PORT (e.g. 127.0.0.1:7000)")
     args.host, args.port = host, int(port)
+    if args.run_id is not None:
+        args.overrides.append(f"run.name={json.dumps(args.run_id)}")
     from runtime.commands.serve import listen_settings
 
     address, security = listen_settings(args)

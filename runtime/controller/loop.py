@@ -196,6 +196,18 @@ class ControllerLoop:
                 self._changed.wait(max(0.0, timeout))
             return self.head_seq != seq
 
+    def check_fenced(self) -> None:
+        """Raise ``ControllerFenced`` if a newer controller took the writer epoch, even before
+        this one tries to append (a controller that was paused learns it here)."""
+        with self._lock:
+            if not self._fenced:
+                newest = self.store.writer_epoch(self.run_id)
+                if newest > self.epoch:
+                    self._fenced = f"controller of run {self.run_id!r} at epoch {self.epoch} is fenced by epoch {newest}"
+                    self._changed.notify_all()
+            if self._fenced:
+                raise ControllerFenced(self._fenced)
+
     # -- workers --------------------------------------------------------------------------------
 
     def _one(self, event: ev.Event) -> Verdict:

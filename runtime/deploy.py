@@ -1,0 +1,114 @@
+"""``rlx controller``: one run's controller served to worker processes on other machines.
+
+The controller is the fold of the ledger and holds its writer epoch; it keeps nothing else. Given
+a ledger that does not hold the run, it creates it from the config; given one that does, it
+continues it under a new epoch, so a controller that was killed (or is still running somewhere,
+paused or cut off) is replaced: the old one is fenced at its next append or epoch check, and the
+workers, which retry and fail over between addresses, join the new one. The service has no
+supervisor: starting and restarting workers is the cluster's job (Kubernetes, Slurm, systemd).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from ledger import events as ev
+from ledger import open_store
+from runtime.config import Config
+from runtime.errors import UsageError
+
+FINISH_GRACE_S = 3.0  # how long a finished controller keeps answering, so its workers hear it
+
+
+def serve_controller(ledger_url: str, params_url: str, address, security, *, run_id: str | None,
+                     config: Callable[[], Config], log: Callable[[str], None] | None = None,
+                     announce: Callable[[dict], None] | None = None) -> dict:
+    """Create or continue the run and serve it until it finishes; returns its final version.
+
+    ``announce`` is called once the service listens, with ``{"listening", "run", "epoch"}``
+    (by default printed as one JSON line on stdout, so a script can read a port chosen by the
+    system)."""
+    import json
+
+    from runtime.controller import ControllerLoop
+    from runtime.params import ParamStore
+    from runtime.run import _Retirer
+    from runtime.service.server import ControllerService, serve
+    from runtime.session import fingerprint, make_task
+
+    say = log or (lambda m: print(f"rlx controller: {m}", file=sys.stderr, flush=True))
+    security.check(address)
+    store = open_store(ledger_url, create=True)
+    try:
+        fresh = None
+        if run_id is not None and run_id in store.runs():
+            name = run_id
+        else:
+            fresh = config()  # its run.name is run_id when one is given
+            name = fresh.run.name
+        if name in store.runs():
+            report = store.verify(name)
+            if not report.ok:
+                raise UsageError(f"ledger of run {name!r} is corrupt at seq {report.first_bad_seq}: {report.reason}")
+            first = next(store.read(name, 1, 1)).event
+            if not isinstance(first, ev.RunStarted):
+                raise UsageError(f"run {name!r} does not start with RunStarted")
+            cfg = Config.from_dict(first.config)
+            pstore = ParamStore.open(params_url)
+            swept = pstore.sweep()
+            if swept:
+                say(f"removed {len(swept)} half-written parameter version(s)")
+            retirer = _Retirer(pstore)
+            ctrl = ControllerLoop.resume(store, name, check=False, fingerprint=fingerprint(),
+                                         lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer)
+            for v in ctrl.evictable_versions(pstore.versions()):
+                pstore.delete(v)
+            say(f"continuing run {name!r} at step {ctrl.state.trained} (writer epoch {ctrl.epoch})")
+        else:
+            assert fresh is not None
+            cfg = fresh.resolved(data_size=make_task(fresh).train_size)
+            pstore = ParamStore.open(params_url, create=True)
+            retirer = _Retirer(pstore)
+            ctrl = ControllerLoop.create(store, run_id=name, config=cfg.to_dict(), config_digest=cfg.digest(),
+                                         seed=cfg.run.seed, fingerprint=fingerprint(),
+                                         lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer)
+            say(f"created run {name!r} (writer epoch {ctrl.epoch})")
+        if ctrl.finished:
+            return _final(ctrl)
+
+        def verify_weights(version: int, digest: str) -> str | None:
+            if version not in pstore.versions():
+                return f"version {version} is not in the parameter store {pstore.url}"
+            stored = pstore.digest(version)
+            return None if stored == digest else f"version {version} in the parameter store has digest {stored[:16]}"
+
+        service = ControllerService(ctrl, config=cfg.to_dict(), params_url=pstore.url, verify_weights=verify_weights)
+        served = serve(service, address, security)
+        host = address.target.rsplit(":", 1)[0]
+        (announce or (lambda d: print(json.dumps(d, sort_keys=True), flush=True)))(
+            {"listening": f"{host}:{served.port}", "run": name, "epoch": ctrl.epoch})
+        try:
+            last = time.monotonic()
+            while not ctrl.finished:
+                time.sleep(0.2)
+                retirer.sweep()
+                if time.monotonic() - last >= 1.0:
+                    last = time.monotonic()
+                    ctrl.check_fenced()
+                    ctrl.expire()
+            retirer.sweep()
+            time.sleep(FINISH_GRACE_S)
+        finally:
+            served.stop()
+        say(f"run {name!r} finished at version {ctrl.state.latest}")
+        return _final(ctrl)
+    finally:
+        store.close()
+
+
+def _final(ctrl) -> dict:
+    s = ctrl.state
+    return {"run": ctrl.run_id, "finished": s.finished, "final_version": s.latest,
+            "final_digest": s.versions.get(s.latest, ""), "epoch": ctrl.epoch}
