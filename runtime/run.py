@@ -1,15 +1,18 @@
-"""``rlx run``: a whole run in one process — controller, inference, verifier and trainer workers.
+"""``rlx run``: a whole run — the controller, and inference, verifier and trainer workers.
 
-The controller (``runtime.controller.ControllerLoop``) is the only writer of the ledger. The
-workers are threads that talk to it through the same pull interface remote workers use:
-inference workers (``workers.inference``, each with its own engine of the same shape) take
-leases and submit completions, verifiers (``workers.verifiers``) score completed rollouts, the
-trainer publishes version 0 and runs each step as its batch forms. The main thread only watches:
-it shows progress and turns silence into lease expiries.
+The controller (``runtime.controller.ControllerLoop``) is the only writer of the ledger and lives
+in this process. The workers are, by default (``workers.mode = "processes"``), ``rlx worker ROLE``
+processes that this process supervises and serves over gRPC on loopback
+(``runtime.service``): a dead one is noticed at once, its loss recorded and a new one started.
+With ``workers.mode = "threads"`` they are threads of this process calling the same controller
+methods. Either way inference workers take leases and submit completions, verifiers score
+completed rollouts, and the trainer publishes version 0 and runs each step as its batch forms;
+this process's main thread only watches: it shows progress, heartbeats for its threads and turns
+silence into lease expiries.
 
 Everything that decides is in the ledger or a pure function of it, so the final weights depend on
-(config, seed, data, software stack) only in deterministic mode — not on thread timing or on
-how many workers there are.
+(config, seed, data, software stack) only in deterministic mode — not on timing, on processes or
+threads, on how many workers there are, or on how many of them were killed.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     params_url = rundir.params(config.params.url)
     t_start = time.monotonic()
     _check_new_run(rundir, ledger_url, params_url, config.run.name)  # before anything is built or written
+    _check_shareable(config, params_url)
     session = build_session(config, log=log)  # validates model, data and task
     config = config.resolved(data_size=session.task.train_size)
     os.makedirs(out, exist_ok=True)
@@ -138,6 +142,13 @@ def _check_new_run(rundir: RunDir, ledger_url: str, params_url: str, run_name: s
         raise UsageError(f"the parameter store {params_url!r} is not a directory")
 
 
+def _check_shareable(config: Config, params_url: str) -> None:
+    """Worker processes read and write the parameter store: it cannot live in one process's memory."""
+    if config.workers.mode == PROCESSES and params_url.startswith("memory://"):
+        raise UsageError(f"params.url {params_url!r} lives in one process's memory, which worker processes cannot "
+                         'read; use a file:// store or workers.mode="threads"')
+
+
 def resume(out: str, *, run_id: str | None = None, progress: bool = True,
            log: Callable[[str], None] = print) -> dict | None:
     """Continue the run in ``out`` after a crash or kill: fold the ledger, take a new writer epoch,
@@ -161,6 +172,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
     store = open_store(out, synchronous=config.ledger.synchronous)
     try:
         params_url = rundir.logged_params(first.config)
+        _check_shareable(config, params_url)
         pstore = ParamStore.open(params_url)
         from runtime.controller import replay
 

@@ -1,5 +1,6 @@
 """One small real run shared by the replay and audit tests: 3 steps of a tiny model on two-digit
-sums (JSONL data), deterministic mode, max_staleness 1, keep_newest 1 (resolved to 2)."""
+sums (JSONL data), deterministic mode, max_staleness 1, keep_newest 1 (resolved to 2), the
+roles as threads (the process roles have their own tests, in ``tests/runtime/service``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,6 @@ def tiny_config(data: str, cache_dir: str) -> Config:
         "sampling": {"group_size": 4, "max_tokens": 4},
         "scheduling": {"groups_per_batch": 2, "max_staleness": 1},
         "trainer": {"learning_rate": 1e-2},
-        "workers": {"inference_slots": 8},
+        "workers": {"inference_slots": 8, "mode": "threads"},
         "params": {"keep_newest": 1},
     })

@@ -15,7 +15,8 @@ from runtime.cli import main
 from runtime.config import load_config
 from runtime.run import run
 
-TINY = [
+TINY = [  # threads: these tests SIGKILL the run itself at failpoints (worker processes have their own tests)
+    'workers.mode="threads"',
     "pretrain.steps=20",
     "pretrain.eval_size=16",
     "scheduling.groups_per_batch=4",
