@@ -9,7 +9,9 @@ talks to it through ``ControllerClient`` or a raw stub, with the simulated worke
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -355,3 +357,33 @@ def test_a_controller_off_loopback_without_a_token_refuses_to_start(tmp_path):
                "--listen", "0.0.0.0:0", "--steps", "1")
     assert done.returncode == 2 and "needs a token" in one_line_error(done)
     assert not ledger.exists() and not (tmp_path / "params").exists()
+
+
+@pytest.mark.slow
+def test_a_call_to_a_paused_controller_fails_over_in_seconds_not_at_its_deadline(tmp_path):
+    """A controller process that is stopped (or cut off) keeps its socket open: only keepalive
+    pings tell the worker, within about two ping periods, instead of the call's deadline."""
+    from runtime.service.client import Disconnected
+    from runtime.service.server import KEEPALIVE_S
+
+    env = {k: v for k, v in os.environ.items() if k != "RLX_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "controller", "--ledger", str(tmp_path / "l.db"),
+                             "--params", str(tmp_path / "params"), "--listen", "127.0.0.1:0", "--steps", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    client = None
+    try:
+        assert proc.stdout is not None
+        listening = json.loads(proc.stdout.readline())["listening"]
+        client = ControllerClient([listening])
+        assert client.join("w", INFERENCE).standing == pb.JOINED
+        proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(Disconnected, match="UNAVAILABLE"):
+            client.poll("w", wait_s=wire.MAX_WAIT_S)  # its deadline is 60 s away
+        assert time.monotonic() - started < 4 * KEEPALIVE_S
+    finally:
+        if client is not None:
+            client.close()
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
