@@ -56,10 +56,12 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
             if not isinstance(first, ev.RunStarted):
                 raise UsageError(f"run {name!r} does not start with RunStarted")
             cfg = Config.from_dict(first.config)
+            # No ``pstore.sweep()`` here, unlike ``rlx resume``: the controller being replaced does
+            # not take the workers with it, and a trainer's put in flight looks exactly like a
+            # killed put's leftovers; sweeping would delete arrays it has written and is about to
+            # publish. What a killed put leaves is rewritten when its step is trained again (the same
+            # weights go under the same keys).
             pstore = ParamStore.open(params_url)
-            swept = pstore.sweep()
-            if swept:
-                say(f"removed {len(swept)} half-written parameter version(s)")
             retirer = _Retirer(pstore)
             ctrl = ControllerLoop.resume(store, name, check=False, fingerprint=fingerprint(),
                                          lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer)

@@ -16,12 +16,19 @@ from runtime._generated import rlx_controller_pb2 as pb
 from runtime._generated import rlx_controller_pb2_grpc as pb_grpc
 from runtime.errors import RlxError, UsageError
 from runtime.service import wire
-from runtime.service.server import OPTIONS
+from runtime.service.server import KEEPALIVE_S, OPTIONS
 from verifiers.service.security import call_metadata, channel
 
 RETRY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL})
 CALL_TIMEOUT_S = 60.0
+KEEPALIVE = [  # see server.KEEPALIVE_S
+    ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_S * 1000)),  # what ends the wait for the answer in gRPC 1.85
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 0),  # a long poll sends no data: keep pinging all the same
+]
 
 
 class Disconnected(RlxError):
@@ -63,7 +70,7 @@ class ControllerClient:
 
     def _connect(self) -> pb_grpc.ControllerStub:
         if self._stub is None:
-            self._channel = channel(self.target, options=OPTIONS, **self._tls)
+            self._channel = channel(self.target, options=[*OPTIONS, *KEEPALIVE], **self._tls)
             self._stub = pb_grpc.ControllerStub(self._channel)
         return self._stub
 

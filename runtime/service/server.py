@@ -37,6 +37,15 @@ OPTIONS = [
     ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
 ]
+KEEPALIVE_S = 5.0
+"""A worker pings its connection every ``KEEPALIVE_S`` while a call is in flight and drops it when
+a ping goes unanswered as long: a controller that is paused or cut off (its socket open, its
+process silent) costs a worker seconds, not a call's whole deadline, before it fails over."""
+PINGS_ACCEPTED = [  # take those pings: by gRPC's keepalive guide a server allows one per 5 minutes while it
+    # sends no data (a quiet long poll sends none) and hangs up after two more
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", int(KEEPALIVE_S * 1000 * 0.8)),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 class ControllerService(pb_grpc.ControllerServicer):
@@ -227,7 +236,7 @@ def serve(service: ControllerService, address: ListenAddress, security: ServerSe
     """Start serving ``service`` on ``address`` (checked by ``security``: a token off loopback)."""
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rlx-controller"),
-        interceptors=security.interceptors(), options=[*OPTIONS, EXCLUSIVE_PORT],
+        interceptors=security.interceptors(), options=[*OPTIONS, *PINGS_ACCEPTED, EXCLUSIVE_PORT],
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
     pb_grpc.add_ControllerServicer_to_server(service, server)
