@@ -196,6 +196,11 @@ class ControllerLoop:
                 self._changed.wait(max(0.0, timeout))
             return self.head_seq != seq
 
+    @property
+    def fenced(self) -> str | None:
+        """Why this controller may no longer write (a newer one took the epoch), or None."""
+        return self._fenced
+
     def check_fenced(self) -> None:
         """Raise ``ControllerFenced`` if a newer controller took the writer epoch, even before
         this one tries to append (a controller that was paused learns it here)."""

@@ -29,8 +29,8 @@ from runtime.controller.workers import INFERENCE, ROLES, TRAINER, VERIFIER, Init
 from runtime.service import wire
 from verifiers.service.security import EXCLUSIVE_PORT, ListenAddress, ServerSecurity
 
-MAX_THREADS = 64
-MAX_CONCURRENT_RPCS = 512
+MAX_THREADS = 256  # a long poll holds a thread for up to its wait: about one per worker
+MAX_CONCURRENT_RPCS = 1024
 _WORKER_ID = re.compile(r"[A-Za-z0-9_.:@~+-]{1,128}")
 
 OPTIONS = [
@@ -134,6 +134,8 @@ class ControllerService(pb_grpc.ControllerServicer):
             deadline = time.monotonic() + wait
             ctrl = self.ctrl
             while True:
+                if ctrl.fenced:  # hand out nothing more: the workers go to the newer controller
+                    raise ControllerFenced(ctrl.fenced)
                 seq = ctrl.head_seq
                 standing = self._standing(wid)
                 if standing != pb.JOINED:
