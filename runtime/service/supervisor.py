@@ -147,7 +147,7 @@ class Supervisor:
                 slot.proc = None
                 if code == 0:
                     # A worker exits 0 only once the controller told it the run has finished: it
-                    # is neither lost (no WorkerLost after RunFinished) nor started again.
+                    # is neither recorded lost nor started again.
                     slot.finished = True
                     self.journal.write("exit", slot=slot.name, role=slot.role, worker_id=slot.worker_id,
                                        pid=proc.pid, how=how)
