@@ -25,7 +25,7 @@ run ends exactly where an uninterrupted one does, with nothing lost or counted t
    ``controller``; its recovery ends at the first worker submission the new controller appends),
    and its final digest joins the comparison.
 
-Usage: python scripts/chaos.py [--steps 24] [--kills 20] [--seed 0] [--postgres URL] [--keep]
+Usage: python scripts/chaos.py [--steps 40] [--kills 20] [--seed 0] [--postgres URL] [--keep]
 The last line of output is a JSON object: ``kills`` (by role), ``digest_match``, ``audit_ok``,
 ``lost_events``, ``recovery_s`` (per role: median and max), the digests and the timings.
 """
@@ -545,7 +545,7 @@ def _controller_recoveries(url: str, run_id: str, kills: Sequence[Kill]) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=24, help="training steps of the run (default 24)")
+    ap.add_argument("--steps", type=int, default=40, help="training steps of the run (default 40)")
     ap.add_argument("--kills", type=int, default=20, help="worker processes to SIGKILL (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kills' roles and moments (default 0)")
     ap.add_argument("--run-seed", type=int, default=1, help="run.seed of the run (default 1)")

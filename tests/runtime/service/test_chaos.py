@@ -33,9 +33,9 @@ chaos = _load_chaos()
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
-    """The chaos config (12 steps); the warm start is cached for the whole session."""
+    """The chaos config (16 steps); the warm start is cached for the whole session."""
     root = tmp_path_factory.mktemp("chaos")
-    return chaos.prepare(str(root), steps=12, seed=1, cache_dir=str(tmp_path_factory.getbasetemp() / "warm_start"))
+    return chaos.prepare(str(root), steps=16, seed=1, cache_dir=str(tmp_path_factory.getbasetemp() / "warm_start"))
 
 
 def _log(message: str) -> None:
@@ -51,7 +51,7 @@ def test_killed_workers_of_every_role_leave_the_final_digest_of_an_uninterrupted
     assert all(k.recovery_s is not None for k in kills[:-3])  # the last ones may fall after the run's end
     threads = chaos.run_plain(config, str(tmp_path / "threads"), mode="threads")
     assert summary["final_digest"] == threads["final_digest"]
-    assert summary["final_version"] == threads["final_version"] == 12
+    assert summary["final_version"] == threads["final_version"] == 16
     assert chaos.ledger_violations(killed) == []
     assert chaos.audit_ok(killed)
 
@@ -61,7 +61,7 @@ def test_a_freshest_mode_run_with_killed_workers_finishes_replays_bit_exactly_an
     killed = str(tmp_path / "freshest")
     summary, kills = chaos.run_with_kills(config, killed, kills=3, seed=7, max_gap_s=0.5,
                                           overrides=['scheduling.mode="freshest"'], log=_log)
-    assert len(kills) == 3 and summary["final_version"] == 12
+    assert len(kills) == 3 and summary["final_version"] == 16
     assert chaos.ledger_violations(killed) == []
     assert chaos.audit_ok(killed)
     assert chaos.replay_ok(killed, regenerate=True)
