@@ -473,12 +473,14 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
         controllers.append((p, log_path))
         return p, log_path
 
-    def listening(p: subprocess.Popen, log_path: str) -> int:
-        """The epoch the controller announces once it listens."""
+    def listening(p: subprocess.Popen, log_path: str) -> int | None:
+        """The epoch the controller announces once it listens (None: it found the run finished)."""
         while time.monotonic() < deadline:
             for line in _json_lines(log_path):
                 if "listening" in line:
                     return int(line["epoch"])
+            if p.poll() == 0 and any("final_digest" in line for line in _json_lines(log_path)):
+                return None
             if p.poll() is not None:
                 raise RuntimeError(f"rlx controller exited with {p.returncode}: {_tail(log_path)}")
             time.sleep(0.05)
@@ -490,13 +492,15 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
     try:
         ctrl, ctrl_log = start_controller()
         epoch = listening(ctrl, ctrl_log)
+        if epoch is None:
+            raise RuntimeError(f"run {run_id!r} had finished before it started")
         for role in ROLES:
             with open(os.path.join(run_dir, "logs", f"{role}.log"), "wb") as f:
                 workers.append(subprocess.Popen(rlx("worker", role, "--controller", target, "--worker-id",
                                                     f"{role}-0", "--retry-for", "120"),
                                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                                 env=env, start_new_session=True))
-        while len(done) < kills:
+        while epoch is not None and len(done) < kills:
             while not tail.submitted(epoch):
                 if ctrl.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the controller stopped before serving its workers: {_tail(ctrl_log)}")
