@@ -23,7 +23,8 @@ run ends exactly where an uninterrupted one does, with nothing lost or counted t
    ``rlx controller`` on a PostgreSQL ledger serves separate ``rlx worker`` processes; the
    controller is SIGKILLed ``--controller-kills`` times and restarted on the same port (role
    ``controller``; its recovery ends at the first worker submission the new controller appends),
-   and its final digest joins the comparison.
+   and its final digest joins the comparison. Its ledger tables go into a new schema of that
+   database, dropped at the end unless kept.
 
 Usage: python scripts/chaos.py [--steps 40] [--kills 20] [--seed 0] [--postgres URL] [--keep]
 The last line of output is a JSON object: ``kills`` (by role), ``digest_match``, ``audit_ok``,
@@ -420,6 +421,26 @@ def _json_lines(path: str) -> list[dict]:
     return out
 
 
+def fresh_schema(url: str) -> tuple[str, str]:
+    """(a URL of the database ``url`` whose search path is a new, empty schema; its name): the
+    deployment's ledger tables stay apart from whatever the database holds."""
+    import uuid
+
+    import psycopg
+
+    schema = "rlx_chaos_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}", schema
+
+
+def drop_schema(url: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 class LedgerTail:
     """The events of one run as they are appended (a read-only session per look)."""
 
@@ -593,9 +614,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         digests[mode] = run_plain(config, out, mode=mode, overrides=args.overrides)["final_digest"]
         timings[f"{mode}_run_s"] = round(time.monotonic() - t, 1)
 
+    schema = None
     if args.postgres:
         t = time.monotonic()
-        final, controller_kills, deploy_dir = deploy_with_kills(args.postgres, config, workdir,
+        ledger_url, schema = fresh_schema(args.postgres)
+        print(f"deployment ledger: schema {schema} of {args.postgres}", flush=True)
+        final, controller_kills, deploy_dir = deploy_with_kills(ledger_url, config, workdir,
                                                                 kills=args.controller_kills, rng=rng)
         timings["deployment_s"] = round(time.monotonic() - t, 1)
         digests["deployment"] = final["final_digest"]
@@ -628,6 +652,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = result["digest_match"] and result["audit_ok"] and result["ledger_verify_ok"] and not violations
     if ok and not args.keep and not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
+        if schema is not None:
+            drop_schema(args.postgres, schema)
     print(json.dumps(result, sort_keys=True))
     return 0 if ok else 1
 
