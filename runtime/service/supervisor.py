@@ -5,7 +5,8 @@ child at a time; the n-th child of a slot joins as ``SLOT.n``. The supervisor po
 (``poll``, called by the run's watch loop a few times a second): a child that exited or was
 killed is reaped, its loss is recorded in the ledger at once (``lose``: its leases and hand-outs go
 back without waiting for the lease timeout), and the slot is started again — at once if the dead
-child had delivered work, else after a doubling back-off. A slot whose children die
+child had delivered work, else after a doubling back-off. A child that exited with status 0 saw
+the run finish: it is neither lost nor started again. A slot whose children die
 ``MAX_FAILURES`` times in a row without delivering anything stops the run with a one-line reason.
 
 ``workers.jsonl`` in the run directory records each start, exit and first accepted submission with
@@ -72,6 +73,7 @@ class _Slot:
         self.log_path = ""
         self.delivered = False
         self.restart_at = 0.0
+        self.finished = False  # its last child exited 0: the run has finished
 
 
 class Supervisor:
@@ -143,6 +145,13 @@ class Supervisor:
                     continue
                 how = describe_exit(code)
                 slot.proc = None
+                if code == 0:
+                    # A worker exits 0 only once the controller told it the run has finished: it
+                    # is neither recorded lost nor started again.
+                    slot.finished = True
+                    self.journal.write("exit", slot=slot.name, role=slot.role, worker_id=slot.worker_id,
+                                       pid=proc.pid, how=how)
+                    continue
                 ids = [wid for wid in self.joined_ids()
                        if wid == slot.worker_id or wid.startswith(slot.worker_id + "~")]
                 self.lose(ids, f"process {how}")
@@ -159,7 +168,7 @@ class Supervisor:
                     return
                 slot.restart_at = now + (0.0 if failures == 0 else min(BACKOFF_FIRST_S * 2 ** (failures - 1),
                                                                        BACKOFF_MAX_S))
-            if slot.proc is None and now >= slot.restart_at:
+            if slot.proc is None and not slot.finished and now >= slot.restart_at:
                 self._spawn(slot)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
