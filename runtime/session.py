@@ -230,10 +230,10 @@ def step_config(config: Config, model):
     )
 
 
-def _task(config: Config, *, judge: bool, log: Log):
+def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple[Any, str | None]:
     """The run's task and, with ``judge``, its sandboxed code verifier when it has code tests: a
     refused isolation level stops the run before anything is trained. Returns (task, the sandbox's
-    one-line description or None)."""
+    one-line description or None), which ``build_session`` takes as ``built``."""
     task = make_task(config)
     sandbox = None
     if judge and task.has_code:  # the isolation is settled (or refused) before anything is trained
@@ -255,22 +255,24 @@ def _task(config: Config, *, judge: bool, log: Log):
 def build_scoring(config: Config, *, log: Log = print):
     """What a verifier needs to score completions — the task with its code verifier, and the
     codec — without the model or an engine: (task, codec)."""
-    task, _ = _task(config, judge=True, log=log)
+    task, _ = build_task(config, judge=True, log=log)
     return task, build_codec(config)
 
 
-def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True) -> Session:
+def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True,
+                  built: tuple[Any, str | None] | None = None) -> Session:
     """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
 
     With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
     isolation level stops the run before anything is trained; a replay, which re-trains from
     logged outcomes and judges nothing, passes False. Without ``warm`` the model keeps its
     initial weights: for a worker that reads every version it uses from the parameter store.
+    ``built``: what ``build_task`` returned for this config, if it was called already.
     """
     from runtime.tasks.base import TextCodec
     from runtime.trainer.pretrain import cached_warm_start
 
-    task, sandbox = _task(config, judge=judge, log=log)
+    task, sandbox = build_task(config, judge=judge, log=log) if built is None else built
     model = _initial_model(config)
     codec = TextCodec.for_model(model)
     longest_prompt = task.max_prompt_chars() + (codec.bos_id is not None)

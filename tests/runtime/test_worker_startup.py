@@ -50,3 +50,36 @@ def test_worker_processes_keep_compiled_programs_on_disk(tmp_path):
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "mine")  # a directory of the user's own is kept
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split()[0] == str(tmp_path / "mine") and os.listdir(tmp_path / "mine")
+
+
+def test_calls_made_before_the_controller_exists_wait_for_it():
+    """``rlx run`` starts its workers before its controller: their first call waits for it."""
+    import threading
+    import time
+
+    from ledger import open_store
+    from runtime.controller import ControllerLoop
+    from runtime.service.client import ControllerClient
+    from runtime.service.server import ControllerService, PendingService, serve
+    from verifiers.service.security import ListenAddress
+
+    pending = PendingService()
+    served = serve(pending, ListenAddress("127.0.0.1", 0))
+    client = ControllerClient([f"127.0.0.1:{served.port}"])
+    try:
+        answers: list = []
+        caller = threading.Thread(target=lambda: answers.append(client.describe()))
+        caller.start()
+        time.sleep(0.5)
+        assert not answers  # still waiting
+        config = load_config(None, ["run.steps=3", "sampling.group_size=2", "scheduling.groups_per_batch=2"],
+                             data_size=8)
+        ctrl = ControllerLoop.create(open_store("memory://"), run_id="r", config=config.to_dict(),
+                                     config_digest=config.digest(), seed=1)
+        pending.attach(ControllerService(ctrl, config=config.to_dict(), params_url="memory://p"))
+        caller.join(5.0)
+        assert [(a.run_id, a.params_url) for a in answers] == [("r", "memory://p")]
+        assert client.join("w", "verifier").worker_id == "w"  # later calls go straight through
+    finally:
+        client.close()
+        served.stop(0)
