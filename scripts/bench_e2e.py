@@ -7,11 +7,14 @@ On the same config (the demo's unless overridden):
 1. ``workers.mode="processes"`` against ``"threads"``: ``--mode-repeats`` runs of each, alternating,
    each in a fresh Python process (so neither mode finds the other's compiled programs in memory),
    ``--mode-steps`` steps each; steps/min and rollout tokens/s of every run (from its
-   summary.json, whose RL time starts when the workers are started), their medians and
-   ``processes_vs_threads``, the ratio of the median steps/min. Every run must end with the same
-   final digest. Each run also reports ``first_step_s`` (the controller's start to the first
-   committed step: worker start-up and the train step's compilation) and ``steady_steps_per_min``
-   (the steps after the first);
+   summary.json, whose RL time runs from when the controller is ready to the end of the run),
+   their medians and ``processes_vs_threads``, the ratio of the median steps/min. Every run must
+   end with the same final digest. Each run also reports, from the controller's start,
+   ``first_rollout_s`` (worker start-up and the first generation) and ``first_step_s`` (the first
+   committed step, after the train step's compilation), and ``steady_steps_per_min`` (the steps
+   after the first). Worker processes load their compiled programs from JAX's
+   persistent cache (``runtime.compile_cache``); on a machine where it is empty, the first
+   processes run fills it and is the slow one of the median;
 2. the run with ``scheduling.max_staleness=0`` and with ``1`` (deterministic mode, in this
    process): steps/hour and rollout tokens/s, and the wall time spent inside the controller and
    ledger (every call a worker makes to the ``ControllerLoop``, which folds, decides and appends;
