@@ -29,7 +29,7 @@ from ledger import open_store
 from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.rundir import RunDir
-from runtime.session import Session, build_session, fingerprint
+from runtime.session import Session, build_session, build_task, fingerprint
 
 
 class _Workers:
@@ -90,10 +90,20 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     t_start = time.monotonic()
     _check_new_run(rundir, ledger_url, params_url, config.run.name)  # before anything is built or written
     _check_shareable(config, params_url)
-    session = build_session(config, log=log)  # validates model, data and task
-    config = config.resolved(data_size=session.task.train_size)
-    os.makedirs(out, exist_ok=True)
-    store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
+    # The data and the code sandbox are settled first: the sandbox's probes fork, which must not
+    # happen while the workers' first calls are in flight in this process's gRPC threads.
+    built = build_task(config, log=log)
+    # Worker processes start now and build their roles while this process builds its own session.
+    workers = _WorkerProcesses(config, out) if config.workers.mode == PROCESSES else None
+    try:
+        session = build_session(config, log=log, built=built)  # validates model, data and task
+        config = config.resolved(data_size=session.task.train_size)
+        os.makedirs(out, exist_ok=True)
+        store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
+    except BaseException:
+        if workers is not None:
+            workers.abandon()  # a run refused before it was recorded leaves nothing behind
+        raise
     try:
         if config.ledger.url is not None:  # resume, replay and audit of `out` find the ledger through it
             rundir.point_to(ledger_url, config.run.name)
@@ -104,8 +114,10 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
             seed=config.run.seed, fingerprint=_fingerprint(session), lease_timeout_s=config.workers.lease_timeout_s,
             on_retire=retirer,
         )
-        return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log)
+        return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log, workers)
     finally:
+        if workers is not None:
+            workers.stop()  # when the run did not get as far as running them
         store.close()
 
 
@@ -236,10 +248,11 @@ class _Retirer:
 
 
 def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, retirer: _Retirer, t_start: float,
-           progress: bool, log: Callable[[str], None]) -> dict:
-    """Run the workers (processes or threads, ``workers.mode``) until the run finishes; evaluate
-    versions 0 and final on the held-out split (after the run, so a resume goes back to work at
-    once); write summary.json, report.png."""
+           progress: bool, log: Callable[[str], None], workers: _WorkerProcesses | None = None) -> dict:
+    """Run the workers (processes or threads, ``workers.mode``; processes already started in
+    ``workers``, else started now) until the run finishes; evaluate versions 0 and final on the
+    held-out split (after the run, so a resume goes back to work at once); write summary.json,
+    report.png. The RL time counts from here: from when the controller is ready."""
     # Everything built so far (model, compiled programs, the folded state) lives for the whole
     # run: keep it out of the cyclic collector's passes until the run ends. The controller and
     # the worker threads allocate many short-lived, acyclic objects (events, leases, tuples):
@@ -251,7 +264,7 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
     t_rl = time.monotonic()
     try:
         if config.workers.mode == PROCESSES:
-            _run_processes(config, out, pstore, ctrl, retirer, progress, log)
+            _run_processes(config, out, pstore, ctrl, retirer, progress, log, workers)
         else:
             _run_threads(session, config, pstore, ctrl, retirer, progress)
     finally:
@@ -389,18 +402,94 @@ def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retir
         raise workers.error
 
 
+class _WorkerProcesses:
+    """The ``rlx worker`` processes of a processes-mode run and the loopback service they call,
+    with a token of the run's own.
+
+    ``run`` starts them before it builds its own session: their start-up (importing JAX,
+    building their role, loading compiled programs) overlaps with its own instead of coming after
+    it. Until ``attach`` gives the service its controller, their first calls wait
+    (``PendingService``); they wait as long as this process builds, and exit with it.
+    """
+
+    RETRY_FOR_S = 24 * 3600.0
+
+    def __init__(self, config: Config, out: str) -> None:
+        import secrets
+
+        from runtime.service.server import PendingService, serve
+        from runtime.service.supervisor import Journal, Supervisor
+        from verifiers.service.security import TOKEN_ENV, ListenAddress, ServerSecurity
+
+        logs, journal = os.path.join(out, "logs"), os.path.join(out, "workers.jsonl")
+        self._created = [p for p in (out, logs, journal) if not os.path.lexists(p)]
+        self.ctrl = None
+        self._stopped = False
+        token = secrets.token_urlsafe(32)
+        self.pending = PendingService()
+        self.served = serve(self.pending, ListenAddress("127.0.0.1", 0), ServerSecurity(token=token))
+        w = config.workers
+        self.supervisor = Supervisor(
+            f"127.0.0.1:{self.served.port}", [("trainer", 1), ("verifier", w.verifiers), ("inference", w.inference)],
+            log_dir=logs, journal=Journal(journal), lose=self._lose, joined_ids=self._joined_ids,
+            env={TOKEN_ENV: token}, retry_for_s=self.RETRY_FOR_S)
+        try:
+            self.supervisor.start()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _lose(self, ids, reason: str) -> None:
+        if self.ctrl is not None:
+            self.ctrl.lose(ids, reason)
+
+    def _joined_ids(self) -> tuple[str, ...]:
+        return () if self.ctrl is None else tuple(self.ctrl.state.workers.keys())
+
+    def attach(self, ctrl, service) -> None:
+        """Serve ``service`` (over ``ctrl``) to the workers."""
+        self.ctrl = ctrl
+        self.pending.attach(service)
+
+    def stop(self) -> None:
+        """Let the workers finish (they exit when the run has finished), stop the rest and the
+        service. Workers that never had a controller are stopped at once."""
+        from runtime.service.supervisor import STOP_GRACE_S
+
+        if not self._stopped:
+            self._stopped = True
+            self.supervisor.stop(STOP_GRACE_S if self.ctrl is not None else 0.0)
+            self.served.stop()
+
+    def abandon(self) -> None:
+        """Stop everything and remove what was created for the workers (their logs, the journal,
+        the run directory if it was made for them): the run was never recorded."""
+        import shutil
+
+        self._stopped = True
+        self.supervisor.stop(0.0)
+        self.served.stop(0.0)
+        for path in reversed(self._created):
+            if os.path.isdir(path) and not os.path.islink(path):
+                if os.path.basename(path) == "logs":
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.rmdir(path)  # the run directory, when nothing else is in it
+                    except OSError:
+                        pass
+            elif os.path.lexists(path):
+                os.remove(path)
+
+
 def _run_processes(config: Config, out: str, pstore, ctrl, retirer: _Retirer, progress: bool,
-                   log: Callable[[str], None]) -> None:
-    """The roles as ``rlx worker`` processes that this process supervises, served over gRPC on
-    loopback with a token of this run's own."""
-    import secrets
+                   log: Callable[[str], None], workers: _WorkerProcesses | None = None) -> None:
+    """The roles as ``rlx worker`` processes that this process supervises (``workers``, started
+    by ``run`` while it built its session, or started now)."""
+    from runtime.service.server import ControllerService
 
-    from runtime.service.server import ControllerService, serve
-    from runtime.service.supervisor import Journal, Supervisor
-    from verifiers.service.security import TOKEN_ENV, ListenAddress, ServerSecurity
-
-    token = secrets.token_urlsafe(32)
-    journal = Journal(os.path.join(out, "workers.jsonl"))
+    if workers is None:
+        workers = _WorkerProcesses(config, out)
 
     def verify_weights(version: int, digest: str) -> str | None:
         if version not in pstore.versions():
@@ -408,24 +497,16 @@ def _run_processes(config: Config, out: str, pstore, ctrl, retirer: _Retirer, pr
         stored = pstore.digest(version)
         return None if stored == digest else f"version {version} in the parameter store has digest {stored[:16]}"
 
-    holder: list[Supervisor] = []
+    supervisor = workers.supervisor
     service = ControllerService(ctrl, config=config.to_dict(), params_url=pstore.url, verify_weights=verify_weights,
-                                on_accept=lambda wid: holder[0].delivered(wid) if holder else None)
-    served = serve(service, ListenAddress("127.0.0.1", 0), ServerSecurity(token=token))
-    w = config.workers
-    supervisor = Supervisor(f"127.0.0.1:{served.port}", [("trainer", 1), ("verifier", w.verifiers),
-                                                          ("inference", w.inference)],
-                            log_dir=os.path.join(out, "logs"), journal=journal, lose=ctrl.lose,
-                            joined_ids=lambda: tuple(ctrl.state.workers.keys()), env={TOKEN_ENV: token})
-    holder.append(supervisor)
-    supervisor.start()
+                                on_accept=supervisor.delivered)
+    workers.attach(ctrl, service)
     log(f"workers: {len(supervisor.slots)} processes (their output in {os.path.join(out, 'logs')})")
     try:
         _watch(ctrl, retirer, config, progress,
                stopped=lambda: supervisor.failure is not None or service.fenced.is_set(), tick=supervisor.poll)
     finally:
-        supervisor.stop()
-        served.stop()
+        workers.stop()
     if supervisor.failure is not None:
         raise UsageError(supervisor.failure)
     if service.fenced.is_set():

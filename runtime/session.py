@@ -150,14 +150,33 @@ class Session:
         return float(np.mean([s.passed for s in task.score(problems, texts)]))
 
 
+def _checkpoint_dir(config: Config) -> str:
+    """``model.path``, refused unless it holds a Hugging Face checkpoint's config.json."""
+    path = config.model.path
+    assert path is not None
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise UsageError(f"model.path {path!r} is not a Hugging Face checkpoint directory (no config.json)")
+    return path
+
+
+def _builtin_config(config: Config):
+    """The built-in model's ``ModelConfig`` and tokenizer for ``config``'s model section."""
+    from runtime.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    m = config.model
+    shape = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "path"}
+    mc = ModelConfig(vocab_size=tokenizer.get_vocab_size(), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+                     pad_token_id=PAD_ID, **shape)
+    return mc, tokenizer
+
+
 def _initial_model(config: Config):
     """The checkpoint ``model.path`` as it is, or the built-in model with fresh weights."""
     from runtime.model import load_hf
 
-    path = config.model.path
-    if path is not None:
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise UsageError(f"model.path {path!r} is not a Hugging Face checkpoint directory (no config.json)")
+    if config.model.path is not None:
+        path = _checkpoint_dir(config)
         model = load_hf(path)
         if model.tokenizer is None:
             raise UsageError(f"model.path {path!r} has no tokenizer.json")
@@ -167,16 +186,36 @@ def _initial_model(config: Config):
 
     from runtime import rng
     from runtime.inference.sampling import seed_key_data
-    from runtime.model import BOS_ID, EOS_ID, PAD_ID, Model, ModelConfig, char_tokenizer
+    from runtime.model import Model
 
-    tokenizer = char_tokenizer()
-    m = config.model
-    shape = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "path"}
-    mc = ModelConfig(vocab_size=tokenizer.get_vocab_size(), bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                     pad_token_id=PAD_ID, **shape)
+    mc, tokenizer = _builtin_config(config)
     key = jax.random.wrap_key_data(jnp.asarray(seed_key_data(rng.derive_seed(config.run.seed, rng.MODEL_INIT))),
                                    impl="threefry2x32")
     return Model.init(mc, key=key, tokenizer=tokenizer)
+
+
+def build_codec(config: Config):
+    """The model's text codec from its config and tokenizer alone: no weights are read or
+    initialized, nothing is compiled. The same codec as ``build_session(config).codec``."""
+    from runtime.tasks.base import TextCodec
+
+    if config.model.path is None:
+        return TextCodec.for_config(*_builtin_config(config))
+    import json
+
+    from tokenizers import Tokenizer
+
+    from runtime.model.hf import CONFIG_FILE, TOKENIZER_FILE
+    from runtime.model.hf_convert import config_from_hf
+
+    path = _checkpoint_dir(config)
+    tokenizer_path = os.path.join(path, TOKENIZER_FILE)
+    if not os.path.isfile(tokenizer_path):
+        raise UsageError(f"model.path {path!r} has no tokenizer.json")
+    config_path = os.path.join(path, CONFIG_FILE)
+    with open(config_path, encoding="utf-8") as f:
+        mc = config_from_hf(json.load(f), source=config_path)
+    return TextCodec.for_config(mc, Tokenizer.from_file(tokenizer_path))
 
 
 def step_config(config: Config, model):
@@ -191,17 +230,10 @@ def step_config(config: Config, model):
     )
 
 
-def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True) -> Session:
-    """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
-
-    With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
-    isolation level stops the run before anything is trained; a replay, which re-trains from
-    logged outcomes and judges nothing, passes False. Without ``warm`` the model keeps its
-    initial weights: for a worker that reads every version it uses from the parameter store.
-    """
-    from runtime.tasks.base import TextCodec
-    from runtime.trainer.pretrain import cached_warm_start
-
+def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple[Any, str | None]:
+    """The run's task and, with ``judge``, its sandboxed code verifier when it has code tests: a
+    refused isolation level stops the run before anything is trained. Returns (task, the sandbox's
+    one-line description or None), which ``build_session`` takes as ``built``."""
     task = make_task(config)
     sandbox = None
     if judge and task.has_code:  # the isolation is settled (or refused) before anything is trained
@@ -217,6 +249,30 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
                              "network; set verifier.isolation=\"rlimits\" to accept it") from None
         sandbox = task.code_verifier.sandbox.describe()
         log(f"code sandbox: {sandbox}")
+    return task, sandbox
+
+
+def build_scoring(config: Config, *, log: Log = print):
+    """What a verifier needs to score completions — the task with its code verifier, and the
+    codec — without the model or an engine: (task, codec)."""
+    task, _ = build_task(config, judge=True, log=log)
+    return task, build_codec(config)
+
+
+def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True,
+                  built: tuple[Any, str | None] | None = None) -> Session:
+    """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
+
+    With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
+    isolation level stops the run before anything is trained; a replay, which re-trains from
+    logged outcomes and judges nothing, passes False. Without ``warm`` the model keeps its
+    initial weights: for a worker that reads every version it uses from the parameter store.
+    ``built``: what ``build_task`` returned for this config, if it was called already.
+    """
+    from runtime.tasks.base import TextCodec
+    from runtime.trainer.pretrain import cached_warm_start
+
+    task, sandbox = build_task(config, judge=judge, log=log) if built is None else built
     model = _initial_model(config)
     codec = TextCodec.for_model(model)
     longest_prompt = task.max_prompt_chars() + (codec.bos_id is not None)

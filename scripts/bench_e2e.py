@@ -1,16 +1,31 @@
 #!/usr/bin/env python
-"""End-to-end throughput of ``rlx run``: staleness 0 vs 1, controller overhead, trainer overhead.
+"""End-to-end throughput of ``rlx run``: worker processes vs threads, staleness 0 vs 1, controller
+overhead, trainer overhead.
 
-In one process, on the same config (the demo's unless overridden):
+On the same config (the demo's unless overridden):
 
-1. the run with ``scheduling.max_staleness=0`` and with ``1`` (deterministic mode): steps/hour and
-   rollout tokens/s, and the wall time spent inside the controller and ledger (every call a worker
-   makes to the ``ControllerLoop``, which folds, decides and appends) as a fraction of the RL time;
-2. the train step's time against a bare flax/optax loop on the same batches: the same model
+1. ``workers.mode="processes"`` against ``"threads"``: ``--mode-repeats`` runs of each, alternating,
+   each in a fresh Python process (so neither mode finds the other's compiled programs in memory),
+   ``--mode-steps`` steps each; steps/min and rollout tokens/s of every run (from its
+   summary.json, whose RL time runs from when the controller is ready to the end of the run),
+   their medians and ``processes_vs_threads``, the ratio of the median steps/min. Every run must
+   end with the same final digest. Each run also reports, from the controller's start,
+   ``first_rollout_s`` (worker start-up and the first generation) and ``first_step_s`` (the first
+   committed step, after the train step's compilation), and ``steady_steps_per_min`` (the steps
+   after the first). Worker processes load their compiled programs from JAX's
+   persistent cache (``runtime.compile_cache``); on a machine where it is empty, the first
+   processes run fills it and is the slow one of the median;
+2. the run with ``scheduling.max_staleness=0`` and with ``1`` (deterministic mode, in this
+   process): steps/hour and rollout tokens/s, and the wall time spent inside the controller and
+   ledger (every call a worker makes to the ``ControllerLoop``, which folds, decides and appends;
+   in processes mode the service's threads make these calls in this process) as a fraction of
+   the RL time;
+3. the train step's time against a bare flax/optax loop on the same batches: the same model
    forward, token log-probs, a GRPO-style clipped loss with group advantages and AdamW, written
    directly with ``jax.value_and_grad`` (no objective registry, no metrics).
 
-Usage: python scripts/bench_e2e.py [--steps 30] [--set SECTION.FIELD=VALUE]...
+Usage: python scripts/bench_e2e.py [--steps 30] [--mode-steps 20] [--mode-repeats 3] [--modes-only]
+       [--set SECTION.FIELD=VALUE]...
 The last line of output is a JSON object.
 """
 
@@ -19,12 +34,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, ROOT)
+MODES = ("threads", "processes")
 
 
 class Timed:
@@ -84,8 +103,10 @@ def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
     from runtime.run import run
 
     timer.reset()
-    summary = run(load_config(None, overrides), out, progress=False, log=lambda m: None)
+    config = load_config(None, overrides)
+    summary = run(config, out, progress=False, log=lambda m: None)
     return {
+        "mode": config.workers.mode,
         "steps": summary["steps"],
         "rl_seconds": round(summary["rl_seconds"], 2),
         "total_seconds": round(summary["total_seconds"], 2),
@@ -99,7 +120,76 @@ def run_once(overrides: list[str], out: str, timer: Timed) -> dict:
         "eval_before": summary["eval_before"],
         "eval_after": summary["eval_after"],
         "final_digest": summary["final_digest"],
+        **timeline(out, config.run.name),
     }
+
+
+def timeline(out: str, run_id: str) -> dict:
+    """Where a run's time went, from the ledger's wall times: the controller's start to the first
+    committed step (worker start-up, the first batch and the train step's compilation) and the
+    rate of the steps after the first."""
+    from ledger import events as ev
+    from ledger import open_store
+
+    started = first_rollout = None
+    committed = []
+    with open_store(out, readonly=True) as store:
+        for s in store.read(run_id):
+            if started is None and isinstance(s.event, ev.ControllerStarted):
+                started = s.wall_time
+            elif first_rollout is None and isinstance(s.event, ev.RolloutCompleted):
+                first_rollout = s.wall_time
+            elif isinstance(s.event, ev.TrainStepCompleted):
+                committed.append(s.wall_time)
+    assert started is not None and first_rollout is not None and committed, "the run committed no step"
+    result = {"first_rollout_s": round(first_rollout - started, 2), "first_step_s": round(committed[0] - started, 2)}
+    if len(committed) > 1 and committed[-1] > committed[0]:
+        result["steady_steps_per_min"] = round(60 * (len(committed) - 1) / (committed[-1] - committed[0]), 1)
+    return result
+
+
+def child_run(out: str, overrides: list[str]) -> None:
+    """One run in this (fresh) process; its result is the last line of output."""
+    from runtime.controller import ControllerLoop
+
+    timer = Timed()
+    timer.install(ControllerLoop)
+    print(json.dumps(run_once(overrides, out, timer)))
+
+
+def modes(tmp: str, overrides: list[str], repeats: int) -> dict:
+    """Processes vs threads: ``repeats`` runs of each, alternating which goes first, each in a
+    fresh process; medians and their ratio."""
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    for r in range(repeats):
+        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+            out = os.path.join(tmp, f"{mode}-{r}")
+            args = [sys.executable, os.path.abspath(__file__), "--child-run", out]
+            for o in [*overrides, f'workers.mode="{mode}"']:
+                args += ["--set", o]
+            done = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=True)
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            runs[mode].append(run)
+            print(f"{mode} #{r}: {60 * run['steps'] / run['rl_seconds']:.1f} steps/min, "
+                  f"{run['rollout_tokens_per_s']:.0f} tok/s, first rollout after {run['first_rollout_s']} s, first step "
+                  f"after {run['first_step_s']} s, then "
+                  f"{run.get('steady_steps_per_min')} steps/min", file=sys.stderr)
+    digests = {run["final_digest"] for rs in runs.values() for run in rs}
+    assert len(digests) == 1, f"the modes' final digests differ: {sorted(digests)}"
+    result: dict = {}
+    for mode in MODES:
+        rs = runs[mode]
+        result[f"steps_per_min_{mode}"] = round(statistics.median(60 * x["steps"] / x["rl_seconds"] for x in rs), 2)
+        result[f"rollout_tokens_per_s_{mode}"] = round(statistics.median(x["rollout_tokens_per_s"] for x in rs), 1)
+        result[f"first_step_s_{mode}"] = statistics.median(x["first_step_s"] for x in rs)
+        result[f"total_seconds_{mode}"] = statistics.median(x["total_seconds"] for x in rs)
+        result[f"runs_{mode}"] = [{k: x.get(k) for k in ("rl_seconds", "total_seconds", "rollout_tokens_per_s",
+                                                         "first_rollout_s", "first_step_s", "steady_steps_per_min",
+                                                         "controller_ledger_fraction")}
+                                  for x in rs]
+    result["processes_vs_threads"] = round(result["steps_per_min_processes"] / result["steps_per_min_threads"], 3)
+    result["modes_final_digest"] = digests.pop()
+    return result
 
 
 def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
@@ -252,7 +342,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--mode-steps", type=int, default=20, help="steps of each processes/threads run")
+    ap.add_argument("--mode-repeats", type=int, default=3, help="runs of each mode")
+    ap.add_argument("--modes-only", action="store_true", help="only the processes vs threads comparison")
+    ap.add_argument("--child-run", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    # Worker processes import this tree's code, like this process.
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    if args.child_run:
+        child_run(args.child_run, args.overrides)
+        return
 
     from runtime.controller import ControllerLoop
 
@@ -261,6 +361,13 @@ def main() -> None:
     base = [f"run.steps={args.steps}", *args.overrides]
     result: dict = {"steps": args.steps, "overrides": args.overrides, "cores": len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory() as tmp:
+        result["mode_steps"] = args.mode_steps
+        result.update(modes(tmp, [f"run.steps={args.mode_steps}", *args.overrides], args.mode_repeats))
+        print(f"processes {result['steps_per_min_processes']} vs threads {result['steps_per_min_threads']} steps/min "
+              f"(median of {args.mode_repeats}): {result['processes_vs_threads']:.3f}x", file=sys.stderr)
+        if args.modes_only:
+            print(json.dumps(result))
+            return
         for k in (0, 1):
             out = os.path.join(tmp, f"k{k}")
             r = run_once([*base, f"scheduling.max_staleness={k}"], out, timer)

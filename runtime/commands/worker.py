@@ -51,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from runtime import compile_cache
     from runtime.service.client import parse_targets
     from runtime.service.worker import main
     from verifiers.service.security import load_token
@@ -62,6 +63,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from runtime.service.worker import exit_with_parent
 
         exit_with_parent()
+    compile_cache.enable()  # a worker compiles what every worker of its role compiled before
     return main(args.role, targets, worker_id=args.worker_id, token=token, tls=tls, retry_for_s=args.retry_for)
 
 

@@ -221,10 +221,54 @@ def _role_of(messages) -> str:
     raise wire.WireError("a submission mixes the results of several roles, or is empty")
 
 
+class PendingService(pb_grpc.ControllerServicer):
+    """A controller service that listens before its controller exists.
+
+    ``rlx run`` starts its worker processes while it builds its own session and controller, so
+    that their start-up (importing JAX, building the role, loading compiled programs) overlaps
+    with its own. A call that arrives before ``attach`` waits for it, at most until shortly
+    before the call's deadline; then it fails ``UNAVAILABLE``, which a worker retries. After
+    ``attach`` every call goes to the attached ``ControllerService``.
+    """
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._service: ControllerService | None = None
+
+    def attach(self, service: ControllerService) -> None:
+        self._service = service
+        self._ready.set()
+
+    def _attached(self, context) -> ControllerService:
+        remaining = context.time_remaining()
+        if not self._ready.wait(wire.MAX_WAIT_S if remaining is None else max(0.0, remaining - 0.5)):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the run is starting; retry")
+        assert self._service is not None
+        return self._service
+
+    def Describe(self, request, context):
+        return self._attached(context).Describe(request, context)
+
+    def Join(self, request, context):
+        return self._attached(context).Join(request, context)
+
+    def Poll(self, request, context):
+        return self._attached(context).Poll(request, context)
+
+    def Submit(self, request, context):
+        return self._attached(context).Submit(request, context)
+
+    def Heartbeat(self, request, context):
+        return self._attached(context).Heartbeat(request, context)
+
+    def Leave(self, request, context):
+        return self._attached(context).Leave(request, context)
+
+
 class Served:
     """A running controller service: ``port``, ``stop()``."""
 
-    def __init__(self, server: grpc.Server, port: int, service: ControllerService):
+    def __init__(self, server: grpc.Server, port: int, service: pb_grpc.ControllerServicer):
         self.server = server
         self.port = port
         self.service = service
@@ -233,7 +277,7 @@ class Served:
         self.server.stop(grace).wait()
 
 
-def serve(service: ControllerService, address: ListenAddress, security: ServerSecurity = ServerSecurity(),
+def serve(service: pb_grpc.ControllerServicer, address: ListenAddress, security: ServerSecurity = ServerSecurity(),
           *, threads: int = MAX_THREADS) -> Served:
     """Start serving ``service`` on ``address`` (checked by ``security``: a token off loopback)."""
     server = grpc.server(

@@ -30,6 +30,7 @@ MAX_FAILURES = 5
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
 STOP_GRACE_S = 5.0
+RETRY_FOR_S = 60.0
 
 
 def rlx_command() -> list[str]:
@@ -88,11 +89,13 @@ class Supervisor:
             dead child may have joined under.
         joined_ids: the ids now joined (to find a child's rejoins, ``ID~N``).
         env: extra environment for the children (the run's token).
+        retry_for_s: how long a child goes on calling a controller that does not answer.
     """
 
     def __init__(self, target: str, roles: Sequence[tuple[str, int]], *, log_dir: str, journal: Journal,
                  lose: Callable[[Iterable[str], str], object], joined_ids: Callable[[], Iterable[str]],
-                 env: dict[str, str] | None = None, max_failures: int = MAX_FAILURES):
+                 env: dict[str, str] | None = None, max_failures: int = MAX_FAILURES,
+                 retry_for_s: float = RETRY_FOR_S):
         self.target = target
         self.slots = [_Slot(f"{role}-{i}", role) for role, count in roles for i in range(count)]
         self.log_dir = log_dir
@@ -101,6 +104,7 @@ class Supervisor:
         self.joined_ids = joined_ids
         self.env = {**os.environ, **(env or {})}
         self.max_failures = max_failures
+        self.retry_for_s = retry_for_s
         self.failure: str | None = None
         self._lock = threading.Lock()
 
@@ -115,7 +119,7 @@ class Supervisor:
         slot.delivered = False
         slot.log_path = os.path.join(self.log_dir, f"{slot.worker_id}.log")
         argv = [*rlx_command(), "worker", slot.role, "--controller", self.target, "--worker-id", slot.worker_id,
-                "--retry-for", "60", "--exit-with-parent"]
+                "--retry-for", str(self.retry_for_s), "--exit-with-parent"]
         with open(slot.log_path, "ab") as log:
             slot.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=self.env, start_new_session=False)

@@ -151,11 +151,11 @@ class VerifierRole(Role):
     role = VERIFIER
 
     def __init__(self, config: Config, params_url: str, log: Log):
-        from runtime.session import build_session
+        from runtime.session import build_scoring
         from runtime.workers import TaskVerifier
 
-        session = build_session(config, log=log, judge=True, warm=False)
-        self.verifier = TaskVerifier("", session.task, session.codec)
+        task, codec = build_scoring(config, log=log)  # no model, no engine: nothing to compile
+        self.verifier = TaskVerifier("", task, codec)
 
     def work(self, reply, working):
         tasks = [wire.score_from_proto(m) for m in reply.scores]
