@@ -135,11 +135,14 @@ class Deployment:
 
     def start_workers(self, targets: list[int]) -> None:
         address = ",".join(f"127.0.0.1:{p}" for p in targets)
+        # Step 2 takes 4 s longer (its lease is kept by heartbeats): after step 1 the run is
+        # surely mid-way when the test replaces the controller, however fast the steps are.
+        slow = {"trainer": {"RLX_FAILPOINTS": "trainer.step@2:sleep=4"}}
         for role in ROLES:
             with open(os.path.join(self.dir, f"{role}.log"), "w") as log:
                 self.workers[role] = subprocess.Popen(
                     rlx_argv("worker", role, "--controller", address, "--worker-id", f"{role}-0"),
-                    stdout=log, stderr=subprocess.STDOUT, env=environment())
+                    stdout=log, stderr=subprocess.STDOUT, env={**environment(), **slow.get(role, {})})
 
     def events(self) -> list:
         with open_store(self.ledger) as store:
