@@ -204,6 +204,7 @@ class Sandbox:
             self._free.put(uid)
         self._held: set[int] = set()  # uids whose teardown left a process behind
         self._held_lock = threading.Lock()
+        self._stuck = False  # every slot stayed held for HELD_SLOT_WAIT_S: later callers fail at once
         processes.become_subreaper()
         log.info("%s", self.describe())
 
@@ -304,21 +305,27 @@ class Sandbox:
             live = LiveRun(self.level, self._slots[uid], argv, files, limits, frozenset(executable))
             yield live
         finally:
-            clean = live.teardown() if live is not None else processes.sweep(uid, self.uids)
-            if clean:
-                self._free.put(uid)
-            else:  # out of service until a later sweep finds nothing of it left
-                with self._held_lock:
-                    self._held.add(uid)
+            clean = False
+            try:
+                clean = live.teardown() if live is not None else processes.sweep(uid, self.uids)
+            finally:  # a teardown that raised must not lose the slot: it is held, and swept again later
+                if clean:
+                    self._free.put(uid)
+                else:  # out of service until a later sweep finds nothing of it left
+                    with self._held_lock:
+                        self._held.add(uid)
 
     def _take_slot(self) -> int:
         """A free slot's uid. While none is free, slots held out of service are swept again
         (what a busy host could not kill at once is usually gone a moment later); if every slot
-        stays held for ``HELD_SLOT_WAIT_S``, the sandbox is unavailable rather than waiting forever."""
+        stays held for ``HELD_SLOT_WAIT_S``, the sandbox is unavailable rather than waiting forever
+        (and, while that lasts, every later caller is told so at once instead of waiting again)."""
         waited = 0.0
         while True:
             try:
-                return self._free.get(timeout=0.5)
+                uid = self._free.get(timeout=0.5)
+                self._stuck = False
+                return uid
             except queue.Empty:
                 waited += 0.5
             with self._held_lock:
@@ -330,6 +337,9 @@ class Sandbox:
                     self._free.put(uid)
             with self._held_lock:
                 stuck = len(self._held) == len(self.uids)
-            if stuck and waited >= HELD_SLOT_WAIT_S:
+            if not stuck:
+                self._stuck = False
+            if stuck and (waited >= HELD_SLOT_WAIT_S or self._stuck):
+                self._stuck = True
                 raise SandboxUnavailable(f"every sandbox slot ({', '.join(map(str, sorted(self._held)))}) still "
                                          f"holds processes that could not be killed after {HELD_SLOT_WAIT_S:.0f} s")

@@ -36,7 +36,12 @@ def test_thousands_of_runs_leave_no_zombies(namespaces_sandbox):
 
     before = set(zombie_children())  # what other tests of this process may have left
     with concurrent.futures.ThreadPoolExecutor(sandbox.slots) as pool:
-        codes = list(pool.map(one, range(RUNS)))
+        futures = [pool.submit(one, i) for i in range(RUNS)]
+        try:
+            codes = [f.result() for f in futures]
+        finally:  # a failed run fails the test now, not after the queued ones
+            for f in futures:
+                f.cancel()
     assert codes == [0] * RUNS
     assert set(zombie_children()) - before == set()
 
