@@ -118,7 +118,7 @@ class InferenceRole(Role):
 
     def __init__(self, config: Config, params_url: str, log: Log):
         from runtime.params import ParamStore
-        from runtime.session import build_session
+        from runtime.session import build_session, fingerprint
         from runtime.workers import EngineWorker
 
         session = build_session(config, log=log, judge=False, warm=False)
@@ -134,7 +134,9 @@ class InferenceRole(Role):
         self.worker = EngineWorker("", session.engine, session.task, session.codec, load,
                                    slots=config.workers.inference_slots)
         self.slots = self.worker.slots
-        self.info = {"engine": session.engine.batch_shape}
+        # The engine's batch shape decides the bits of every completion (replays rebuild it), and
+        # the machine's stack those bits come from: both are recorded in WorkerJoined.
+        self.info = {"engine": session.engine.batch_shape, "fingerprint": fingerprint()}
 
     def rename(self, worker_id: str) -> None:
         self.worker.worker_id = worker_id
@@ -170,10 +172,11 @@ class TrainerRole(Role):
 
     def __init__(self, config: Config, params_url: str, log: Log):
         from runtime.params import ParamStore
-        from runtime.session import build_session
+        from runtime.session import build_session, fingerprint
         from runtime.workers import StepTrainer
 
         session = build_session(config, log=log, judge=False)
+        self.info = {"fingerprint": fingerprint()}  # the stack this trainer's bits come from
         self.trainer = StepTrainer("", session.model, session.task, session.codec, ParamStore.open(params_url),
                                    session.step_config, group_size=config.sampling.group_size, width=session.width)
 
