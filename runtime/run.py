@@ -297,23 +297,11 @@ def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retir
     the same joins again under a new id.
     """
     from runtime.controller import InitTask
-    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier
-
-    def params_loader() -> Callable[[int], tuple[dict, str]]:
-        """Each inference worker keeps the one version it uses."""
-        loaded: dict[int, tuple[dict, str]] = {}
-
-        def load_params(version: int) -> tuple[dict, str]:
-            if version not in loaded:
-                loaded.clear()
-                loaded[version] = (pstore.get(version), pstore.digest(version))
-            return loaded[version]
-
-        return load_params
+    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier, last_version_loader
 
     inferences = [
         EngineWorker(f"inference-{i}", session.engine if i == 0 else session.new_engine(), session.task,
-                     session.codec, params_loader(), slots=config.workers.inference_slots)
+                     session.codec, last_version_loader(pstore), slots=config.workers.inference_slots)
         for i in range(config.workers.inference)
     ]
     verifiers = [TaskVerifier(f"verifier-{i}", session.task, session.codec) for i in range(config.workers.verifiers)]

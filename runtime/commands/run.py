@@ -6,16 +6,22 @@ import argparse
 import os
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("run", help="run RL end to end (no arguments: the built-in arithmetic demo)")
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """The config of a new run: a TOML file, shortcuts for common fields and ``--set`` overrides
+    (read back by :func:`_config`)."""
     p.add_argument("config", nargs="?", help="TOML config file (default: the built-in demo)")
-    p.add_argument("--out", default="runs/demo", help="run directory for ledger.db, params/, summary.json, report.png")
     p.add_argument("--steps", type=int, help="training steps (run.steps)")
     p.add_argument("--seed", type=int, help="run seed (run.seed)")
     p.add_argument("--model", help="local Hugging Face checkpoint directory (model.path)")
     p.add_argument("--data", help="JSONL file of {prompt, answer} or {prompt, tests} rows (data.path)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a config value, e.g. --set algorithm.name=rloo (repeatable)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run RL end to end (no arguments: the built-in arithmetic demo)")
+    add_config_arguments(p)
+    p.add_argument("--out", default="runs/demo", help="run directory for ledger.db, params/, summary.json, report.png")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(func=cmd_run, steps_field="run.steps")
 

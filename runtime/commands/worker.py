@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from runtime.commands.run import add_config_arguments
 from runtime.commands.serve import add_listen_arguments
 
 
@@ -39,13 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--listen", default="127.0.0.1:7000", metavar="HOST:PORT",
                    help="address to serve workers on (default 127.0.0.1:7000; any other host needs a token)")
     c.add_argument("--run", dest="run_id", help="run id (default: run.name of the config)")
-    c.add_argument("config", nargs="?", help="TOML config of a new run (default: the built-in demo)")
-    c.add_argument("--steps", type=int, help="training steps of a new run (run.steps)")
-    c.add_argument("--seed", type=int, help="seed of a new run (run.seed)")
-    c.add_argument("--model", help="local Hugging Face checkpoint directory (model.path)")
-    c.add_argument("--data", help="JSONL file (data.path)")
-    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a config value of a new run (repeatable)")
+    add_config_arguments(c)  # of a new run; a run the ledger holds goes on with its logged config
     add_listen_arguments(c, port=False)
     c.set_defaults(func=cmd_controller, steps_field="run.steps")
 

@@ -119,18 +119,10 @@ class InferenceRole(Role):
     def __init__(self, config: Config, params_url: str, log: Log):
         from runtime.params import ParamStore
         from runtime.session import build_session, fingerprint
-        from runtime.workers import EngineWorker
+        from runtime.workers import EngineWorker, last_version_loader
 
         session = build_session(config, log=log, judge=False, warm=False)
-        pstore = ParamStore.open(params_url)
-        loaded: dict[int, tuple[dict, str]] = {}
-
-        def load(version: int) -> tuple[dict, str]:
-            if version not in loaded:
-                loaded.clear()
-                loaded[version] = (pstore.get(version), pstore.digest(version))
-            return loaded[version]
-
+        load = last_version_loader(ParamStore.open(params_url))
         self.worker = EngineWorker("", session.engine, session.task, session.codec, load,
                                    slots=config.workers.inference_slots)
         self.slots = self.worker.slots

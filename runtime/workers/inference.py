@@ -23,6 +23,20 @@ from runtime.tasks.base import Task, TextCodec
 ParamsLoader = Callable[[int], tuple[dict, str]]
 
 
+def last_version_loader(store) -> ParamsLoader:
+    """Loads versions from the parameter store ``store``, keeping only the last one in memory
+    (an inference worker uses one version at a time)."""
+    loaded: dict[int, tuple[dict, str]] = {}
+
+    def load(version: int) -> tuple[dict, str]:
+        if version not in loaded:
+            loaded.clear()
+            loaded[version] = (store.get(version), store.digest(version))
+        return loaded[version]
+
+    return load
+
+
 class EngineWorker:
     """Generates completions for leases, grouped by policy version."""
 

@@ -10,6 +10,19 @@ from runtime.config import Config
 
 STEPS = 3
 SEED = 1
+TINY = [
+    "pretrain.steps=20",
+    "pretrain.eval_size=16",
+    "scheduling.groups_per_batch=4",
+    "sampling.group_size=4",
+    "workers.inference_slots=16",
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=64",
+]
+"""``--set`` overrides of a tiny run of the built-in task (for tests that run ``rlx run`` as a command)."""
 
 
 def write_sums(path) -> None:

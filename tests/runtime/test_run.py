@@ -14,20 +14,10 @@ from ledger import open_store
 from runtime.cli import main
 from runtime.config import load_config
 from runtime.run import run
+from tests.runtime import small_run
 
-TINY = [  # threads: these tests SIGKILL the run itself at failpoints (worker processes have their own tests)
-    'workers.mode="threads"',
-    "pretrain.steps=20",
-    "pretrain.eval_size=16",
-    "scheduling.groups_per_batch=4",
-    "sampling.group_size=4",
-    "workers.inference_slots=16",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
-]
+# threads: these tests SIGKILL the run itself at failpoints (worker processes have their own tests)
+TINY = ['workers.mode="threads"', *small_run.TINY]
 
 
 @pytest.fixture(scope="module")

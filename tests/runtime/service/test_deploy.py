@@ -23,20 +23,10 @@ import pytest
 from ledger import events as ev
 from ledger import open_store
 from ledger.store import write_run_pointer
+from tests.runtime import small_run
 
 STEPS = 5
-TINY = [
-    "pretrain.steps=20",
-    "pretrain.eval_size=16",
-    "scheduling.groups_per_batch=4",
-    "sampling.group_size=4",
-    "workers.inference_slots=16",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
-]
+TINY = small_run.TINY
 ROLES = ("inference", "verifier", "trainer")
 WAIT_S = 240.0  # the longest any one phase may take on a loaded machine
 

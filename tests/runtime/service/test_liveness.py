@@ -16,20 +16,9 @@ import pytest
 
 from ledger import events as ev
 from ledger import open_store
+from tests.runtime import small_run
 
-TINY = [
-    "run.steps=3",
-    "pretrain.steps=20",
-    "pretrain.eval_size=8",
-    "scheduling.groups_per_batch=4",
-    "sampling.group_size=4",
-    "workers.inference_slots=16",
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.intermediate_size=64",
-]
+TINY = [*small_run.TINY, "run.steps=3", "pretrain.eval_size=8"]
 DEADLINE_S = 300
 
 
