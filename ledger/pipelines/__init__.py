@@ -1,7 +1,10 @@
-"""Apache Beam pipelines over ledgers (see :mod:`ledger.pipelines.rollouts`).
+"""Apache Beam pipelines over ledgers (see :mod:`ledger.pipelines.rollouts` and
+:mod:`ledger.pipelines.prompts`).
 
-:func:`export_run` writes a run's rollout rows and version statistics as JSON lines; the
-transforms compose into other pipelines (``ReadLedger | RolloutRows | …``).
+:func:`export_run` writes a run's rollout rows and version statistics as JSON lines;
+:func:`curate_run` writes the prompts whose pass rate lies in a band, as data for the next run,
+with per-prompt statistics. The transforms compose into other pipelines
+(``ReadLedger | RolloutRows | …``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 from collections.abc import Sequence
 
 from ledger.errors import LedgerError
+from ledger.pipelines.prompts import PassBand, PromptStats, VersionRange
 from ledger.pipelines.rollouts import DEFAULT_RANGE, ReadLedger, RolloutRows, StepRows, VersionStats
 
 OUTPUTS = ("rollouts", "versions", "steps")
@@ -90,4 +94,53 @@ def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAUL
     return counts
 
 
-__all__ = ["DEFAULT_RANGE", "ReadLedger", "RolloutRows", "StepRows", "VersionStats", "export_run"]
+def _write_lines(rows: list, path: str) -> None:
+    """Write ``(key, row)`` pairs as JSON lines in key order, through Beam's file systems (so
+    ``path`` may be any URL the runner can write)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    body = "".join(json.dumps(row, sort_keys=True) + "\n" for _, row in sorted(rows, key=lambda kv: kv[0]))
+    with FileSystems.create(path) as f:
+        f.write(body.encode("utf-8"))
+
+
+def curate_run(target: str, run_id: str, out: str, stats: str, *, data_row, versions: VersionRange = VersionRange(),
+               band: PassBand = PassBand(), range_events: int = DEFAULT_RANGE,
+               pipeline_args: Sequence[str] = ()) -> dict:
+    """Write to ``out`` the data rows of the prompts of run ``run_id`` whose pass rate over the
+    rollouts sampled from ``versions`` lies in ``band``, and to ``stats`` one statistics row per
+    sampled prompt (:class:`PromptStats`, with ``kept``). Both files are JSON lines in prompt
+    index order, each written whole by one worker.
+
+    ``data_row`` is a ``beam.DoFn`` from a kept statistics row to ``(prompt_index, data row)``:
+    the caller knows how the run's task maps a prompt index to a row of data. Returns counts:
+    events read, prompts sampled, prompts kept, rollouts scored.
+    """
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    read = ReadLedger(target, run_id, range_events)
+    pipeline = _pipeline(PipelineOptions(list(pipeline_args)))
+    events = pipeline | "ReadLedger" >> read
+    prompts = (events
+               | "RolloutRows" >> RolloutRows(run_id)
+               | "PromptStats" >> PromptStats(run_id, versions, band))
+    (prompts
+     | "StatsKeyed" >> beam.Map(lambda r: (r["prompt_index"], r))
+     | "StatsList" >> beam.combiners.ToList()
+     | "WriteStats" >> beam.Map(_write_lines, stats))
+    (prompts
+     | "Kept" >> beam.Filter(lambda r: r["kept"])
+     | "DataRow" >> beam.ParDo(data_row)
+     | "DataList" >> beam.combiners.ToList()
+     | "WriteData" >> beam.Map(_write_lines, out))
+    pipeline.run().wait_until_finish()
+    with FileSystems.open(stats) as f:
+        rows = [json.loads(line) for line in f.read().decode("utf-8").splitlines()]
+    return {"events": read.head, "prompts": len(rows), "kept": sum(r["kept"] for r in rows),
+            "rollouts": sum(r["rollouts"] for r in rows)}
+
+
+__all__ = ["DEFAULT_RANGE", "PassBand", "PromptStats", "ReadLedger", "RolloutRows", "StepRows", "VersionRange",
+           "VersionStats", "curate_run", "export_run"]
