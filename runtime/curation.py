@@ -45,7 +45,7 @@ class DataSource:
 
     def row(self, index: int) -> object:
         if self.rows is not None:
-            return self.rows[self.task.train_row(index)]  # type: ignore[attr-defined]
+            return self.rows[self.task.train_row(index)]
         p = self.task.problem("train", index)
         if p.answer is None:
             raise UsageError(f"task {self.task.name!r} has no answer for prompt {index}: it cannot be written as data")

@@ -104,8 +104,8 @@ def _write_lines(rows: list, path: str) -> None:
         f.write(body.encode("utf-8"))
 
 
-def curate_run(target: str, run_id: str, out: str, stats: str, *, data_row, versions: VersionRange = VersionRange(),
-               band: PassBand = PassBand(), range_events: int = DEFAULT_RANGE,
+def curate_run(target: str, run_id: str, out: str, stats: str, *, data_row, versions: VersionRange | None = None,
+               band: PassBand | None = None, range_events: int = DEFAULT_RANGE,
                pipeline_args: Sequence[str] = ()) -> dict:
     """Write to ``out`` the data rows of the prompts of run ``run_id`` whose pass rate over the
     rollouts sampled from ``versions`` lies in ``band``, and to ``stats`` one statistics row per
@@ -125,7 +125,7 @@ def curate_run(target: str, run_id: str, out: str, stats: str, *, data_row, vers
     events = pipeline | "ReadLedger" >> read
     prompts = (events
                | "RolloutRows" >> RolloutRows(run_id)
-               | "PromptStats" >> PromptStats(run_id, versions, band))
+               | "PromptStats" >> PromptStats(run_id, versions or VersionRange(), band or PassBand()))
     (prompts
      | "StatsKeyed" >> beam.Map(lambda r: (r["prompt_index"], r))
      | "StatsList" >> beam.combiners.ToList()

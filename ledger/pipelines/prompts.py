@@ -141,9 +141,9 @@ class PromptStats(beam.PTransform):
     sampled it, and whether ``band`` ``kept`` it. An outcome counts once (the first recorded).
     """
 
-    def __init__(self, run_id: str, versions: VersionRange = VersionRange(), band: PassBand = PassBand()) -> None:
+    def __init__(self, run_id: str, versions: VersionRange | None = None, band: PassBand | None = None) -> None:
         super().__init__()
-        self.run_id, self.versions, self.band = run_id, versions, band
+        self.run_id, self.versions, self.band = run_id, versions or VersionRange(), band or PassBand()
 
     def expand(self, rows):
         versions, run_id, band = self.versions, self.run_id, self.band
