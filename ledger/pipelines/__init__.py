@@ -21,11 +21,15 @@ from ledger.pipelines.rollouts import DEFAULT_RANGE, ReadLedger, RolloutRows, St
 OUTPUTS = ("rollouts", "versions", "steps")
 
 
+FORMATS = ("json", "parquet")
+
+
 def _refuse_existing(out: str) -> None:
     """A local output directory must not already hold an export (its shards would mix)."""
     if "://" in out:
         return
-    found = sorted(f for name in OUTPUTS for f in glob.glob(os.path.join(out, f"{name}-*.jsonl")))
+    found = sorted(f for name in OUTPUTS for ext in ("jsonl", "parquet")
+                   for f in glob.glob(os.path.join(out, f"{name}-*.{ext}")))
     if found:
         raise LedgerError(f"{out!r} already holds an export ({os.path.basename(found[0])}, …); "
                           "choose another directory or remove those files")
@@ -46,20 +50,24 @@ def _pipeline(options):
 
 
 def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAULT_RANGE,
-               pipeline_args: Sequence[str] = (), annotate=None) -> dict:
+               pipeline_args: Sequence[str] = (), annotate=None, format: str = "json") -> dict:
     """Write ``out/rollouts-*.jsonl`` (one row per rollout), ``out/versions-*.jsonl`` (one row
     per policy version) and ``out/steps-*.jsonl`` (one row per train step) for run ``run_id``
     of the ledger at ``target``.
 
     ``pipeline_args`` are Beam pipeline options (``--runner=…`` and the runner's own); the
     default is the in-process ``DirectRunner``. ``annotate``, a transform of rollout rows to
-    rollout rows, runs before they are written (e.g. to add text). Returns the number of events read and of rows
+    rollout rows, runs before they are written (e.g. to add text). ``format="parquet"`` writes
+    ``*.parquet`` files instead, through Beam's Parquet sink, with the explicit schemas of
+    :mod:`ledger.pipelines.columnar`. Returns the number of events read and of rows
     written. Checks the target, the run and ``out`` before anything is written.
     """
     import apache_beam as beam
     from apache_beam.metrics.metric import Metrics, MetricsFilter
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    if format not in FORMATS:
+        raise LedgerError(f"export format {format!r} is not accepted; accepted: {', '.join(FORMATS)}")
     read = ReadLedger(target, run_id, range_events)
     pipeline = _pipeline(PipelineOptions(list(pipeline_args)))
     _refuse_existing(out)
@@ -71,6 +79,20 @@ def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAUL
 
     def write(rows, name: str):
         counter = Metrics.counter("rlx", name)
+
+        if format == "parquet":
+            from ledger.pipelines.columnar import SCHEMAS, to_record
+
+            schema = SCHEMAS[name]
+
+            def record(row: dict) -> dict:
+                counter.inc()
+                return to_record(row, schema)
+
+            return (rows
+                    | f"Record{name.title()}" >> beam.Map(record)
+                    | f"Write{name.title()}" >> beam.io.WriteToParquet(os.path.join(out, name), schema,
+                                                                       file_name_suffix=".parquet"))
 
         def encode(row: dict) -> str:
             counter.inc()
