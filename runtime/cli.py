@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "runtime.commands.worker",
     "runtime.commands.replay",
     "runtime.commands.audit",
+    "runtime.commands.curate",
 )
 
 

@@ -58,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target(sp)
     sp.add_argument("--out", required=True, help="output directory (or a URL the Beam runner can write)")
     sp.add_argument("--range-events", type=int, default=20_000, help="events per parallel read (default 20000)")
+    sp.add_argument("--format", choices=("json", "parquet"), default="json",
+                    help="JSON lines (default) or Parquet files with explicit schemas (Beam's Parquet sink)")
     sp.set_defaults(func=cmd_export, takes_passthrough=True)
 
 
@@ -231,12 +233,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     config = first.event.config if first is not None and first.kind == "RunStarted" else {}
     counts = export_run(args.target, run, args.out, range_events=args.range_events, pipeline_args=beam_args,
-                        annotate=beam.ParDo(AddText(config)))
+                        annotate=beam.ParDo(AddText(config)), format=args.format)
     if args.json:
         _emit({"run_id": run, "out": args.out, **counts})
     else:
+        ext = "jsonl" if args.format == "json" else "parquet"
         print(f"run {run}: {counts['events']} events → {counts['rollouts']} rollout rows, {counts['versions']} "
-              f"version rows, {counts['steps']} step rows in {args.out}/rollouts-*.jsonl, versions-*.jsonl, steps-*.jsonl")
+              f"version rows, {counts['steps']} step rows in {args.out}/rollouts-*.{ext}, versions-*.{ext}, "
+              f"steps-*.{ext}")
     return 0
 
 

@@ -74,6 +74,13 @@ def load_problems(path: str) -> list[Problem]:
     return problems
 
 
+def read_rows(path: str) -> list[object]:
+    """The file's rows as parsed JSON, one per non-blank line (the rows :func:`load_problems`
+    numbers), for tools that copy rows verbatim."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 class JsonlTask(Task):
     """Problems from a JSONL file, split into train and held-out eval by the seed."""
 
@@ -87,7 +94,8 @@ class JsonlTask(Task):
         rows = load_problems(self.path)
         n_eval = max(1, min(len(rows) - 1, round(len(rows) * eval_fraction)))
         held = set(split_indices(len(rows), n_eval, seed).tolist())
-        self._train = [p for i, p in enumerate(rows) if i not in held]
+        self._train_rows = [i for i in range(len(rows)) if i not in held]
+        self._train = [rows[i] for i in self._train_rows]
         self._eval = [p for i, p in enumerate(rows) if i in held]
 
     @property
@@ -110,6 +118,10 @@ class JsonlTask(Task):
         if split == "eval":
             return self._eval[index]
         raise ValueError(f"unknown split {split!r}; accepted: train, eval")
+
+    def train_row(self, index: int) -> int:
+        """The position among the file's rows (see :func:`read_rows`) of training problem ``index``."""
+        return self._train_rows[index]
 
     def supervised_indices(self) -> np.ndarray:
         return np.asarray([i for i, p in enumerate(self._train) if p.target is not None], np.int64)
