@@ -37,6 +37,15 @@ from ledger.events import (
     upcaster,
 )
 from ledger.memory import MemoryStore
-from ledger.store import EventStore, Head, RawRecord, RepairReport, StoredEvent, VerifyReport, open_store
+from ledger.store import (
+    EventStore,
+    Head,
+    RawRecord,
+    RepairReport,
+    StoredEvent,
+    StoredSnapshot,
+    VerifyReport,
+    open_store,
+)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from ledger import chain
 from ledger.errors import AppendConflict, Fenced, LedgerError, RunExists, RunNotFound
 from ledger.events import EVENTS, Registry
-from ledger.store import EventStore, Head, RawRecord, append_chain
+from ledger.store import EventStore, Head, RawRecord, StoredSnapshot, append_chain
 
 
 class MemoryStore(EventStore):
@@ -23,6 +23,7 @@ class MemoryStore(EventStore):
         self._lock = threading.Condition()
         self._records: dict[str, list[RawRecord]] = {}
         self._epochs: dict[str, int] = {}
+        self._snapshots: dict[str, dict[int, StoredSnapshot]] = {}
 
     def _run(self, run_id: str) -> list[RawRecord]:
         try:
@@ -91,7 +92,27 @@ class MemoryStore(EventStore):
             recs = self._run(run_id)
             keep = [r for r in recs if r.seq < from_seq]
             self._records[run_id] = keep
+            snaps = self._snapshots.get(run_id, {})
+            for seq in [s for s in snaps if s >= from_seq]:
+                del snaps[seq]
             return len(recs) - len(keep)
+
+    def _put_snapshot(self, snap, keep, before_commit) -> None:
+        with self._lock:
+            self._run(snap.run_id)
+            snaps = dict(self._snapshots.get(snap.run_id, {}))
+            snaps[snap.seq] = snap
+            for seq in sorted(snaps, reverse=True)[keep:]:
+                del snaps[seq]
+            if before_commit is not None:
+                before_commit()
+            self._snapshots[snap.run_id] = snaps
+
+    def snapshots(self, run_id: str) -> list[StoredSnapshot]:
+        with self._lock:
+            self._run(run_id)
+            snaps = self._snapshots.get(run_id, {})
+            return [snaps[s] for s in sorted(snaps, reverse=True)]
 
     def corrupt(self, run_id: str, seq: int, body: bytes) -> None:
         """Replace one stored body (for tests of ``verify``): the chain is left as it was."""

@@ -39,7 +39,7 @@ from ledger.errors import (
 )
 from ledger.events import EVENTS, Registry
 from ledger.sqlite_file import EXPECTED, check_database_file, readonly_uri, writable_uri
-from ledger.store import SQLITE_SYNCHRONOUS, EventStore, Head, RawRecord, append_chain
+from ledger.store import SQLITE_SYNCHRONOUS, EventStore, Head, RawRecord, StoredSnapshot, append_chain
 
 if TYPE_CHECKING:
     import psycopg
@@ -76,6 +76,20 @@ events_table = sa.Table(
     sqlite_with_rowid=False,
 )
 _ev = events_table.c
+snapshots_table = sa.Table(
+    "rlx_snapshots",
+    metadata,
+    sa.Column("run_id", sa.String(200), primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("format", sa.Integer, nullable=False),
+    sa.Column("chain_digest", sa.LargeBinary, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("checksum", sa.LargeBinary, nullable=False),
+)
+"""Optional: a ledger written before snapshots existed has no such table. A writable open adds
+it (the schema version stays: the table is not needed to read the log); a read-only one sees no
+snapshots."""
+_sn = snapshots_table.c
 _INSERT = (
     "INSERT INTO rlx_events (run_id, seq, kind, version, body, digest, epoch, wall_time) "
     "VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
@@ -155,6 +169,7 @@ class _SqlStore(EventStore):
         with self._read_engine.connect() as conn:
             names = set(sa.inspect(conn).get_table_names())
             rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all()) if "rlx_meta" in names else None
+        self._has_snapshots = "rlx_snapshots" in names
         if rows is not None:
             if rows.get("format") != FORMAT:
                 raise StoreUnavailable(f"{self._where()} is not an rlx ledger: its rlx_meta table says format "
@@ -164,10 +179,12 @@ class _SqlStore(EventStore):
                     f"{self._where()} has ledger schema {rows.get('schema_version')!r}; "
                     f"this software reads schema {SCHEMA_VERSION!r}"
                 )
+            if not self._has_snapshots and not self.readonly:
+                self._add_snapshots_table()
             return
         if not create:
             raise StoreUnavailable(f"{self._where()} is not an rlx ledger: it has no rlx_meta table; {EXPECTED}")
-        if names - {"rlx_runs", "rlx_events"} and not self._allow_foreign_tables():
+        if names - {"rlx_runs", "rlx_events", "rlx_snapshots"} and not self._allow_foreign_tables():
             raise StoreUnavailable(
                 f"{self._where()} is a database with other tables ({', '.join(sorted(names)[:5])}), "
                 "not an rlx ledger; refusing to write into it"
@@ -181,6 +198,18 @@ class _SqlStore(EventStore):
                 )
         except sa_exc.IntegrityError:
             pass  # another process created the schema at the same moment
+        self._has_snapshots = True
+
+    def _add_snapshots_table(self) -> None:
+        """Give a ledger written before snapshots existed its (empty) snapshot table."""
+        try:
+            with self._engine.begin() as conn:
+                snapshots_table.create(conn, checkfirst=True)
+        except sa_exc.DBAPIError:
+            with self._read_engine.connect() as conn:  # created by another process at the same moment?
+                if "rlx_snapshots" not in sa.inspect(conn).get_table_names():
+                    raise
+        self._has_snapshots = True
 
     def _allow_foreign_tables(self) -> bool:
         return False
@@ -288,7 +317,35 @@ class _SqlStore(EventStore):
         with self._translate("repair"), self._engine.begin() as conn:
             self._lock_run(conn, run_id)
             res = conn.execute(events_table.delete().where(_ev.run_id == run_id, _ev.seq >= from_seq))
+            if self._has_snapshots:
+                conn.execute(snapshots_table.delete().where(_sn.run_id == run_id, _sn.seq >= from_seq))
             return int(res.rowcount)
+
+    def _put_snapshot(self, snap: StoredSnapshot, keep: int, before_commit) -> None:
+        with self._translate("snapshot"), self._engine.begin() as conn:
+            self._lock_run(conn, snap.run_id)
+            conn.execute(snapshots_table.delete().where(_sn.run_id == snap.run_id, _sn.seq == snap.seq))
+            conn.execute(snapshots_table.insert().values(
+                run_id=snap.run_id, seq=snap.seq, format=snap.format, chain_digest=snap.chain_digest,
+                body=snap.body, checksum=snap.checksum))
+            seqs = conn.execute(sa.select(_sn.seq).where(_sn.run_id == snap.run_id).order_by(_sn.seq.desc())).scalars()
+            old = [int(s) for s in seqs][keep:]
+            if old:
+                conn.execute(snapshots_table.delete().where(_sn.run_id == snap.run_id, _sn.seq.in_(old)))
+            if before_commit is not None:
+                before_commit()
+
+    def snapshots(self, run_id: str) -> list[StoredSnapshot]:
+        if run_id not in self.runs():
+            raise RunNotFound(run_id, self.runs())
+        if not self._has_snapshots:
+            return []
+        with self._translate("snapshots"), self._read_engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(_sn.seq, _sn.format, _sn.chain_digest, _sn.body, _sn.checksum)
+                .where(_sn.run_id == run_id).order_by(_sn.seq.desc())
+            ).all()
+        return [StoredSnapshot(run_id, int(q), int(f), bytes(d), bytes(b), bytes(c)) for q, f, d, b, c in rows]
 
     def stats(self) -> dict:
         with self._translate("stats"), self._read_engine.connect() as conn:

@@ -12,6 +12,11 @@ Semantics (the same for every backend, checked by one contract test suite):
 - Readers see only committed events, in seq order; ``follow`` tails new events as they commit.
 - ``verify`` recomputes the hash chain and decodes every body; ``repair`` cuts a torn tail back
   to the last valid event and refuses corruption in the middle unless forced.
+- Snapshots (``put_snapshot``/``snapshots``) are opaque blobs a reader of the log may keep beside
+  it, each tied to a seq and to the chain digest at that seq; they are not part of the chain, a
+  write keeps only the newest few of a run, and cutting the log (``repair``) drops those past the
+  cut. What they hold and how they are checked is the writer's business
+  (``runtime.controller.snapshot``).
 - A store opened ``readonly`` changes nothing: not the data, not the file's journal mode, not
   the schema; every write raises ``ReadOnlyStore``. Inspecting commands open stores this way.
 """
@@ -24,7 +29,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ledger import chain
 from ledger.codec import decode_body, encode_event
@@ -64,6 +69,19 @@ class StoredEvent:
     @property
     def kind(self) -> str:
         return self.event.KIND
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredSnapshot:
+    """A snapshot as kept: an opaque ``body`` of format ``format`` for the prefix up to ``seq``,
+    whose chain digest was ``chain_digest`` when it was written; ``checksum`` covers both."""
+
+    run_id: str
+    seq: int
+    format: int
+    chain_digest: bytes
+    body: bytes
+    checksum: bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,6 +169,23 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> dict:
         """Events by kind, runs, bytes."""
+
+    @abc.abstractmethod
+    def _put_snapshot(self, snap: StoredSnapshot, keep: int, before_commit: Callable[[], None] | None) -> None:
+        """Atomically store ``snap`` (replacing one at its seq) and drop all but the newest
+        ``keep`` snapshots of its run; ``before_commit`` runs inside the transaction."""
+
+    @abc.abstractmethod
+    def snapshots(self, run_id: str) -> list[StoredSnapshot]:
+        """The run's stored snapshots, newest (highest seq) first; empty for a ledger that has none."""
+
+    def put_snapshot(self, snap: StoredSnapshot, *, keep: int = 3,
+                     before_commit: Callable[[], None] | None = None) -> None:
+        """Store ``snap`` and keep only the run's ``keep`` newest snapshots, all or nothing."""
+        self._writable(f"write a snapshot of run {snap.run_id!r}")
+        if keep < 1:
+            raise LedgerError(f"keep must be at least 1, got {keep}")
+        self._put_snapshot(snap, keep, before_commit)
 
     def close(self) -> None:  # noqa: B027 - a hook: stores without connections keep it
         """Release connections."""

@@ -369,17 +369,21 @@ class VerifierConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class LedgerConfig(Section):
-    """Where events go: a store URL or SQLite path (None: ``DIR/ledger.db``), and how durably a
-    SQLite ledger commits (``PRAGMA synchronous``; PostgreSQL always commits synchronously)."""
+    """Where events go: a store URL or SQLite path (None: ``DIR/ledger.db``), how durably a
+    SQLite ledger commits (``PRAGMA synchronous``; PostgreSQL always commits synchronously), and
+    every how many events the controller snapshots its folded state so a resume folds only the
+    tail (``snapshot_every``; 0: never)."""
 
     NAME = "ledger"
     url: str | None = None
     synchronous: str = "FULL"
+    snapshot_every: int = 50_000
 
     def check(self) -> None:
         from ledger.store import SQLITE_SYNCHRONOUS
 
         self._choice("synchronous", SQLITE_SYNCHRONOUS)
+        self._at_least("snapshot_every", 0)
         _without_credentials("ledger.url", self.url)
 
 

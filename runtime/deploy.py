@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ledger import events as ev
 from ledger import open_store
+from ledger.errors import CodecError, CorruptLedger
 from runtime.config import Config
 from runtime.errors import UsageError
 
@@ -49,10 +50,10 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
             fresh = config()  # its run.name is run_id when one is given
             name = fresh.run.name
         if name in store.runs():
-            report = store.verify(name)
-            if not report.ok:
-                raise UsageError(f"ledger of run {name!r} is corrupt at seq {report.first_bad_seq}: {report.reason}")
-            first = next(store.read(name, 1, 1)).event
+            try:
+                first = next(store.read(name, 1, 1)).event
+            except (StopIteration, CodecError):
+                first = None
             if not isinstance(first, ev.RunStarted):
                 raise UsageError(f"run {name!r} does not start with RunStarted")
             cfg = Config.from_dict(first.config)
@@ -63,8 +64,12 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
             # weights go under the same keys).
             pstore = ParamStore.open(params_url)
             retirer = _Retirer(pstore)
-            ctrl = ControllerLoop.resume(store, name, check=False, fingerprint=fingerprint(),
-                                         lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer)
+            try:  # from the newest usable snapshot; the tail is chain-checked as it is folded
+                ctrl = ControllerLoop.resume(store, name, check=False, fingerprint=fingerprint(), warn=say,
+                                             lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer,
+                                             snapshot_every=cfg.ledger.snapshot_every)
+            except CorruptLedger as e:
+                raise UsageError(f"ledger of run {name!r} is corrupt at seq {e.seq}: {e.reason}") from None
             for v in ctrl.evictable_versions(pstore.versions()):
                 pstore.delete(v)
             say(f"continuing run {name!r} at step {ctrl.state.trained} (writer epoch {ctrl.epoch})")
@@ -75,7 +80,8 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
             retirer = _Retirer(pstore)
             ctrl = ControllerLoop.create(store, run_id=name, config=cfg.to_dict(), config_digest=cfg.digest(),
                                          seed=cfg.run.seed, fingerprint=fingerprint(),
-                                         lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer)
+                                         lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer,
+                                         snapshot_every=cfg.ledger.snapshot_every)
             say(f"created run {name!r} (writer epoch {ctrl.epoch})")
         if ctrl.finished:
             return _final(ctrl)

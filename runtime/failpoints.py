@@ -8,7 +8,8 @@ Only I/O shells call them; nothing that decides reads the environment.
 
 Points: ``trainer.step`` (a step computed, its weights not yet written), ``params.put`` (a
 version's arrays written, its manifest not yet), ``inference.generate`` (completions generated,
-not yet submitted).
+not yet submitted), ``ledger.snapshot`` (a controller snapshot inserted, its transaction not yet
+committed).
 """
 
 from __future__ import annotations

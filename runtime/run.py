@@ -112,7 +112,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         ctrl = ControllerLoop.create(
             store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
             seed=config.run.seed, fingerprint=_fingerprint(session), lease_timeout_s=config.workers.lease_timeout_s,
-            on_retire=retirer,
+            on_retire=retirer, snapshot_every=config.ledger.snapshot_every,
         )
         return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log, workers)
     finally:
@@ -165,7 +165,8 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
            log: Callable[[str], None] = print) -> dict | None:
     """Continue the run in ``out`` after a crash or kill: fold the ledger, take a new writer epoch,
     clean up half-written parameter versions and go on. Returns None if the run had finished."""
-    from runtime.controller import ControllerLoop
+    from ledger.errors import CodecError, CorruptLedger
+    from runtime.controller import ControllerLoop, snapshot
     from runtime.params import ParamStore
     from runtime.replay.divergence import fingerprint_diff
 
@@ -173,11 +174,10 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
     rundir = RunDir(out)
     with open_store(out, readonly=True) as reader:
         run_id = rundir.select_run(reader, run_id)
-        report = reader.verify(run_id)
-        if not report.ok:
-            hint = "; `rlx ledger repair` can cut a torn tail" if report.torn_tail else ""
-            raise UsageError(f"ledger of run {run_id!r} is corrupt at seq {report.first_bad_seq}: {report.reason}{hint}")
-        first = next(reader.read(run_id, 1, 1)).event
+        try:
+            first = next(reader.read(run_id, 1, 1)).event
+        except (StopIteration, CodecError):
+            first = None
     if not isinstance(first, ev.RunStarted):
         raise UsageError(f"run {run_id!r} does not start with RunStarted")
     config = Config.from_dict(first.config)
@@ -186,9 +186,14 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
         params_url = rundir.logged_params(first.config)
         _check_shareable(config, params_url)
         pstore = ParamStore.open(params_url)
-        from runtime.controller import replay
-
-        state = replay(store.read(run_id), check=False)
+        # One pass over the log's tail: from the newest usable snapshot, chain-checked, decisions
+        # checked, state and payload cache folded; the controller continues this fold.
+        try:
+            recovered = snapshot.recover(store, run_id, warn=log)
+        except CorruptLedger as e:
+            raise UsageError(f"ledger of run {run_id!r} is corrupt at seq {e.seq}: {e.reason}; `rlx ledger verify` "
+                             "tells whether it is a torn tail, which `rlx ledger repair` can cut") from None
+        state = recovered.state
         if state.finished:
             log(f"run {run_id!r} has already finished (version {state.latest}); nothing to resume")
             return None
@@ -209,12 +214,14 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
             log(f"warning: this machine differs from the one recorded in RunStarted ({what}): the steps "
                 "trained from here are valid, but their bits may differ from an uninterrupted run's")
         retirer = _Retirer(pstore)
-        ctrl = ControllerLoop.resume(store, run_id, fingerprint=here,
-                                     lease_timeout_s=config.workers.lease_timeout_s, on_retire=retirer)
+        ctrl = ControllerLoop.resume(store, run_id, fingerprint=here, start=recovered, warn=log,
+                                     lease_timeout_s=config.workers.lease_timeout_s, on_retire=retirer,
+                                     snapshot_every=config.ledger.snapshot_every)
         for v in ctrl.evictable_versions(pstore.versions()):
             pstore.delete(v)
+        since = f"snapshot at seq {recovered.snapshot_seq}" if recovered.snapshot_seq else "seq 1"
         log(f"resumed run {run_id!r} at step {ctrl.state.trained} of {config.run.steps} "
-            f"(writer epoch {ctrl.epoch}, ledger head seq {ctrl.head_seq})")
+            f"(writer epoch {ctrl.epoch}, ledger head seq {ctrl.head_seq}, folded from {since})")
         return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log)
     finally:
         store.close()

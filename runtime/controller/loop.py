@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from ledger import events as ev
-from ledger.errors import AppendConflict, Fenced
-from ledger.store import EventStore, StoredEvent
+from ledger.errors import AppendConflict, Fenced, LedgerError
+from ledger.store import EventStore
+from runtime.controller import snapshot
 from runtime.controller.cache import RolloutCache
 from runtime.controller.decide import decide_and_fold
 from runtime.controller.reduce import Folder
-from runtime.controller.replay import replay
 from runtime.controller.state import INITIAL, ControllerState
 from runtime.controller.workers import (
     ACCEPTED,
@@ -42,6 +42,7 @@ from runtime.controller.workers import (
     Verdict,
 )
 from runtime.errors import RlxError, UsageError
+from runtime.failpoints import failpoint
 
 Clock = Callable[[], float]
 
@@ -61,16 +62,22 @@ class ControllerLoop:
             :meth:`evictable_versions` after a resume.
         clock: seconds, monotonic; used for lease expiry only.
         lease_timeout_s: silence after which a worker is lost and a lease is given up.
+        snapshot_every: after an append that brings the head this many events past the last
+            snapshot, write one (``runtime.controller.snapshot``); 0 never writes any.
     """
 
     def __init__(self, store: EventStore, run_id: str, epoch: int, *, clock: Clock = time.monotonic,
-                 lease_timeout_s: float = 120.0, on_retire: Callable[[tuple[int, ...]], None] | None = None):
+                 lease_timeout_s: float = 120.0, on_retire: Callable[[tuple[int, ...]], None] | None = None,
+                 snapshot_every: int = 0):
         self.store = store
         self.run_id = run_id
         self.epoch = epoch
         self.clock = clock
         self.lease_timeout_s = float(lease_timeout_s)
         self.on_retire = on_retire
+        self.snapshot_every = int(snapshot_every)
+        self.snapshot_seq = 0  # seq of the newest snapshot written or resumed from
+        self.snapshot_error: str | None = None  # why the last snapshot write failed, if it did
         self.cache = RolloutCache()
         self.head_seq = 0
         self.rejected = 0
@@ -102,22 +109,22 @@ class ControllerLoop:
 
     @classmethod
     def resume(cls, store: EventStore, run_id: str, *, check: bool = True, fingerprint: dict | None = None,
-               **kwargs) -> ControllerLoop:
+               start: snapshot.Recovered | None = None, snapshots: bool = True,
+               warn: snapshot.Warn | None = None, **kwargs) -> ControllerLoop:
         """Continue a run: take a new writer epoch (fencing any older controller), fold the
         ledger (checking every decision when ``check``), append ``ControllerStarted``.
+
+        The fold continues ``start`` (a fold made before the epoch was taken, which this loop
+        takes over) or starts from the newest usable snapshot (with ``snapshots``; ``warn`` hears
+        of skipped ones) or from seq 1; the tail is chain-checked as it is folded.
 
         Every lease of the previous controller is given back by ``ControllerStarted``; workers
         join again and the requests are leased anew.
         """
         loop = cls(store, run_id, store.acquire_epoch(run_id), **kwargs)
-
-        def tap(items: Iterable[StoredEvent]):
-            for item in items:
-                loop.cache.observe(item.event)
-                loop.head_seq = item.seq
-                yield item
-
-        loop._state = replay(tap(store.read(run_id)), check=check)
+        rec = snapshot.recover(store, run_id, start=start, snapshots=snapshots, check=check, warn=warn)
+        loop._state, loop.cache, loop.head_seq = rec.state, rec.cache, rec.seq
+        loop.snapshot_seq = rec.snapshot_seq
         loop.submit([ev.ControllerStarted(loop.epoch, loop.head_seq, dict(fingerprint or {}))])
         return loop
 
@@ -177,8 +184,21 @@ class ControllerLoop:
                     self._release(event.worker_id)
                 elif type(event) is ev.TrainStepCompleted:
                     self.last_metrics = dict(event.metrics)
+            if self.snapshot_every > 0 and self.head_seq - self.snapshot_seq >= self.snapshot_every:
+                self._snapshot(head.digest)
             self._changed.notify_all()
             return verdicts
+
+    def _snapshot(self, digest: bytes) -> None:
+        """Write a snapshot at the head. A failed write is remembered in ``snapshot_error`` and
+        the run goes on: snapshots only shorten a later resume."""
+        self.snapshot_seq = self.head_seq
+        try:
+            snapshot.write(self.store, self.run_id, self.head_seq, digest, self._state, self.cache,
+                           before_commit=lambda: failpoint("ledger.snapshot"))
+            self.snapshot_error = None
+        except LedgerError as e:
+            self.snapshot_error = f"snapshot at seq {self.head_seq} not written: {e}"
 
     def _release(self, worker_id: str) -> None:
         """Give back what was handed out to a lost worker: its scoring and training hand-outs

@@ -1,0 +1,254 @@
+"""Controller snapshots: the folded state at a seq, so that a resume folds only the tail.
+
+Where they live: in the ledger store itself, in a table of their own (``rlx_snapshots``; a list
+beside the log in the memory store), not as events and not in a separate file. Not as events,
+because an event is part of the chain and of every replay: a snapshot would then be history that
+``decide`` never produced, and skipping a bad one would mean rewriting the log. Not in a file,
+because a run's ledger may be a PostgreSQL database with no run directory (``rlx controller``),
+and one store keeps the log and what summarises it together (copied, backed up and repaired
+together). ``repair`` drops the snapshots past the cut; a write keeps only the run's newest
+:data:`KEPT`.
+
+What a snapshot holds, at a transaction boundary (the head right after an append, where
+``decide`` has reached its fixpoint, so a checked replay can start from it): every field of the
+:class:`ControllerState` and the :class:`RolloutCache` (the payloads live work needs), as plain
+values packed with the ledger's canonical msgpack codec under a format number
+(:data:`FORMAT`). Events in the cache are kept as their stored ``(kind, version, body)``, so old
+event schemas are upcast on load exactly as when the log is read.
+
+How it is trusted: it names the seq and the chain digest at that seq, and a checksum
+``sha256(chain digest ‖ body)`` covers both. On load the newest snapshot is used whose format this
+software reads, whose checksum holds, whose chain digest is the one stored at its seq, and that
+decodes; any other is skipped with a warning and the next older one tried, down to seq 1. The
+log is then verified incrementally: the tail from the snapshot's seq on is chained from the
+digest stored there and decoded while it is folded, in one pass (``rlx ledger verify`` still
+checks the whole chain).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import immutables
+
+from ledger import chain
+from ledger import events as ev
+from ledger.codec import decode_body, encode_event, pack, unpack
+from ledger.errors import CodecError, CorruptLedger
+from ledger.store import EventStore, StoredEvent, StoredSnapshot
+from runtime.controller.cache import RolloutCache
+from runtime.controller.replay import replay
+from runtime.controller.spec import ControllerSpec
+from runtime.controller.state import INITIAL, ControllerState, Group, Plan, Request, Worker
+
+FORMAT = 1
+"""The layout of a snapshot body; a body of another format is skipped (written by other software)."""
+KEPT = 3
+"""Snapshots kept per run: the newest, and older ones to fall back on if it is unusable."""
+
+Warn = Callable[[str], None]
+
+_MAPS: dict[str, type | None] = {
+    "versions": None, "requests": Request, "groups": Group, "plans": Plan, "workers": Worker,
+    "version_refs": None, "group_versions": None,
+}
+
+
+class SnapshotUnreadable(Exception):
+    """A snapshot body that does not decode to a state and cache."""
+
+
+def checksum(chain_digest: bytes, body: bytes) -> bytes:
+    return hashlib.sha256(chain_digest + body).digest()
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+
+
+def _event(e: ev.Event) -> list:
+    return list(encode_event(e))
+
+
+def encode(state: ControllerState, cache: RolloutCache) -> bytes:
+    """The canonical body of a snapshot of ``state`` and ``cache`` (dict orders kept as lists)."""
+    s: dict[str, Any] = {}
+    value: Any
+    for name, value in zip(ControllerState._fields, state, strict=True):
+        if name in _MAPS:
+            cls = _MAPS[name]
+            s[name] = [[k, list(v) if cls is not None else v] for k, v in sorted(value.items())]
+        elif name == "spec":
+            s[name] = None if value is None else list(value)
+        else:
+            s[name] = value
+    c = {
+        "requests": [list(q) for q in cache.requests.values()],
+        "completions": [_event(e) for e in cache.completions.values()],
+        "outcomes": [_event(e) for e in cache.outcomes.values()],
+        "unscored": list(cache.unscored),
+        "batches": [_event(e) for e in cache.batches.values()],
+        "groups": [[gid, rids] for gid, rids in cache._groups.items()],
+    }
+    return pack({"format": FORMAT, "state": s, "cache": c})
+
+
+_E = TypeVar("_E", bound=ev.Event)
+
+
+def _decode_events(items: Any, cls: type[_E]) -> list[_E]:
+    out = []
+    for kind, version, body in items:
+        e = decode_body(kind, version, body)
+        if not isinstance(e, cls):
+            raise SnapshotUnreadable(f"a {kind} event where a {cls.KIND} was expected")
+        out.append(e)
+    return out
+
+
+def decode(body: bytes) -> tuple[ControllerState, RolloutCache]:
+    """Inverse of :func:`encode`; raises :class:`SnapshotUnreadable`."""
+    try:
+        doc = unpack(body)
+        if doc.get("format") != FORMAT:
+            raise SnapshotUnreadable(f"format {doc.get('format')!r}, this software reads {FORMAT}")
+        s, c = doc["state"], doc["cache"]
+        if set(s) != set(ControllerState._fields):
+            raise SnapshotUnreadable(f"state fields {sorted(s)} are not {sorted(ControllerState._fields)}")
+        fields: dict[str, Any] = {}
+        for name in ControllerState._fields:
+            value = s[name]
+            if name in _MAPS:
+                cls = _MAPS[name]
+                value = immutables.Map((k, cls(*v) if cls is not None else v) for k, v in value)
+            elif name == "spec":
+                value = None if value is None else ControllerSpec(*value)
+            fields[name] = value
+        state = ControllerState(**fields)
+        cache = RolloutCache()
+        cache.requests = {q[0]: ev.SampleRequest(*q) for q in c["requests"]}
+        cache.completions = {e.rollout_id: e for e in _decode_events(c["completions"], ev.RolloutCompleted)}
+        cache.outcomes = {e.rollout_id: e for e in _decode_events(c["outcomes"], ev.OutcomeRecorded)}
+        cache.unscored = dict.fromkeys(c["unscored"])
+        cache.batches = {e.step: e for e in _decode_events(c["batches"], ev.BatchFormed)}
+        cache._groups = {gid: list(rids) for gid, rids in c["groups"]}
+    except SnapshotUnreadable:
+        raise
+    except (CodecError, AttributeError, KeyError, TypeError, ValueError) as e:
+        raise SnapshotUnreadable(f"{type(e).__name__}: {e}") from None
+    return state, cache
+
+
+def write(store: EventStore, run_id: str, seq: int, chain_digest: bytes, state: ControllerState,
+          cache: RolloutCache, *, keep: int = KEPT, before_commit: Callable[[], None] | None = None) -> StoredSnapshot:
+    """Store a snapshot of ``state`` and ``cache``, the fold of the log up to ``seq``."""
+    body = encode(state, cache)
+    snap = StoredSnapshot(run_id, seq, FORMAT, chain_digest, body, checksum(chain_digest, body))
+    store.put_snapshot(snap, keep=keep, before_commit=before_commit)
+    return snap
+
+
+# -- recovery ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Recovered:
+    """The fold of a run's log up to ``seq`` (chain digest ``digest``): state and cache.
+
+    ``snapshot_seq`` is the seq of the snapshot the fold started from (0: from seq 1);
+    ``folded`` the number of events folded on top of it. The cache is mutable: whoever continues
+    from a ``Recovered`` takes it over.
+    """
+
+    seq: int
+    digest: bytes
+    state: ControllerState
+    cache: RolloutCache
+    snapshot_seq: int = 0
+    folded: int = 0
+
+
+def _genesis() -> Recovered:
+    return Recovered(0, chain.GENESIS, INITIAL, RolloutCache())
+
+
+def check(store: EventStore, run_id: str, snap: StoredSnapshot) -> Recovered:
+    """``snap`` as a :class:`Recovered`, or :class:`SnapshotUnreadable` saying why it cannot be used."""
+    if snap.format != FORMAT:
+        raise SnapshotUnreadable(f"it has format {snap.format}, this software reads format {FORMAT}")
+    if checksum(snap.chain_digest, snap.body) != snap.checksum:
+        raise SnapshotUnreadable("its checksum does not match its contents (corrupted)")
+    at = list(store.scan(run_id, snap.seq, snap.seq))
+    if not at:
+        raise SnapshotUnreadable(f"the log has no seq {snap.seq}")
+    if at[0].digest != snap.chain_digest:
+        raise SnapshotUnreadable(f"its chain digest is not the one stored at seq {snap.seq}")
+    state, cache = decode(snap.body)
+    return Recovered(snap.seq, snap.chain_digest, state, cache, snapshot_seq=snap.seq)
+
+
+def newest(store: EventStore, run_id: str, warn: Warn | None = None) -> Recovered:
+    """The newest usable snapshot of the run (see the module docstring), or the empty fold."""
+    for snap in store.snapshots(run_id):
+        try:
+            return check(store, run_id, snap)
+        except SnapshotUnreadable as e:
+            if warn is not None:
+                warn(f"warning: ignoring the snapshot of run {run_id!r} at seq {snap.seq}: {e}")
+    return _genesis()
+
+
+def _verified(store: EventStore, run_id: str, start: Recovered, into: Recovered) -> Iterator[StoredEvent]:
+    """The events after ``start``, each checked against the chain and decoded, observed by
+    ``into.cache``; ``into`` tracks the last one. Raises ``CorruptLedger``."""
+    prev, expected = start.digest, start.seq + 1
+    reg = store.registry
+    observe = into.cache.observe
+    for r in store.scan(run_id, expected):
+        if r.seq != expected:
+            raise CorruptLedger(run_id, expected, f"missing seq {expected} (next stored is {r.seq})")
+        if chain.link(prev, r.kind, r.version, r.body) != r.digest:
+            raise CorruptLedger(run_id, r.seq, "chain digest mismatch (body, kind, version or digest altered)")
+        try:
+            e = decode_body(r.kind, r.version, r.body, reg)
+        except CodecError as err:
+            raise CorruptLedger(run_id, r.seq, f"undecodable body: {err}") from None
+        observe(e)
+        prev, expected = r.digest, r.seq + 1
+        into.seq, into.digest = r.seq, r.digest
+        into.folded += 1
+        yield StoredEvent(run_id, r.seq, e, r.digest, r.epoch, r.wall_time)
+
+
+def recover(store: EventStore, run_id: str, *, start: Recovered | None = None, snapshots: bool = True,
+            check: bool = True, warn: Warn | None = None) -> Recovered:
+    """Fold the run's log to its head in one pass over the tail.
+
+    From ``start`` if given, else from the newest usable snapshot (with ``snapshots``), else from
+    seq 1. Every event of the tail is chained, decoded and folded (with ``check``, decisions
+    compared with ``decide``: the fold starts at a transaction boundary).
+
+    Raises:
+        CorruptLedger: the tail fails the chain or does not decode.
+        ReplayDivergence: a logged decision differs from ``decide``, or an event cannot apply.
+    """
+    begin = start if start is not None else newest(store, run_id, warn) if snapshots else _genesis()
+    out = Recovered(begin.seq, begin.digest, begin.state, begin.cache, begin.snapshot_seq, begin.folded)
+    out.state = replay(_verified(store, run_id, begin, out), state=begin.state, check=check)
+    return out
+
+
+def fold_prefix(store: EventStore, run_id: str, seq: int) -> Recovered:
+    """The fold of seq 1..``seq`` (no snapshot), e.g. to prove a snapshot equals it."""
+    out = _genesis()
+    out.state = replay(_upto(_verified(store, run_id, _genesis(), out), seq), check=False)
+    return out
+
+
+def _upto(items: Iterator[StoredEvent], seq: int) -> Iterator[StoredEvent]:
+    for item in items:
+        yield item
+        if item.seq >= seq:
+            return
