@@ -127,7 +127,11 @@ def reap_init(pid: int, timeout_s: float = 5.0) -> bool:
         stat = _stat(pid)
         if stat is None or stat[0] != "bwrap" or stat[2] != os.getpid():
             return False
-        select.select([pidfd], [], [], timeout_s)  # it dies with bwrap (--die-with-parent)
+        # It dies with bwrap (--die-with-parent). poll, not select: a busy process's pidfd may be
+        # numbered past select's limit of 1024 (which raised here and lost the sandbox's slot).
+        waiter = select.poll()
+        waiter.register(pidfd, select.POLLIN)
+        waiter.poll(timeout_s * 1000)
         try:
             return os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG) is not None
         except ChildProcessError:

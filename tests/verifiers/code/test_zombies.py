@@ -64,3 +64,21 @@ def test_a_slot_held_out_of_service_comes_back_once_nothing_of_it_is_left(namesp
         sandbox._held.update(taken)  # as after unclean teardowns; nothing of these uids is alive
     assert sandbox.run(["/usr/bin/true"]).exit_code == 0
     assert len(sandbox._held) == 0 and sandbox._free.qsize() == sandbox.slots
+
+
+def test_runs_in_a_process_with_more_than_1024_open_files(namespaces_sandbox):
+    """A long-lived verifier holds many descriptors (connections, logs, stores): the sandbox's
+    own descriptors are then numbered past 1024, where ``select`` cannot wait on them."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert max(held) > 1024
+        assert [namespaces_sandbox.run(["/usr/bin/true"]).exit_code for _ in range(3)] == [0, 0, 0]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
