@@ -36,6 +36,22 @@ class ControllerSpec(NamedTuple):
     max_groups_per_batch: int
     keep_newest: int
     sampling: dict
+    keep_every: int = 0
+
+    def kept(self, version: int) -> bool:
+        """Whether retention keeps ``version`` for good (``params.keep_every``).
+
+        With ``keep_every = N > 0`` every N-th version ``K`` is a checkpoint a replay can re-train
+        from. The steps after ``K`` recompute old log-probs with the versions their rollouts were
+        sampled from, up to ``max_staleness`` versions back, so the ``max_staleness`` versions
+        before ``K`` are kept with it: a replay from ``K`` reads exactly what the run read.
+        Version 0 is kept whatever this says.
+        """
+        n = self.keep_every
+        if n <= 0 or version <= 0:
+            return False
+        checkpoint = -(-version // n) * n  # the first multiple of n at or after version
+        return checkpoint - version <= self.max_staleness
 
     @property
     def batch_rollouts(self) -> int:
@@ -85,4 +101,5 @@ class ControllerSpec(NamedTuple):
             max_groups_per_batch=scheduling.max_groups_per_batch,
             keep_newest=params.keep_newest,
             sampling=sampling.request(),
+            keep_every=params.keep_every,
         )

@@ -8,6 +8,7 @@ from ledger import events as ev
 from ledger import open_store
 from runtime.config import load_config
 from runtime.controller import ControllerLoop, decide
+from runtime.controller.invariants import check
 from runtime.controller.reduce import InvalidEvent, fold, reduce
 from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier, train_once
 from runtime.controller.workers import INFERENCE, VERIFIER
@@ -124,6 +125,35 @@ def test_retention_keeps_the_newest_and_version_0_and_what_requests_need():
     # once nothing needs them; 0 is the root; the run ends as version 5 appears, so 3 stays.
     assert retired == [1, 2]
     assert sorted(loop.state.versions.keys()) == [0, 3, 4, 5]
+
+
+@pytest.mark.parametrize("k, every, steps, retired, kept", [
+    (0, 2, 5, [1, 3], [0, 2, 4, 5]),
+    # With staleness 1 a checkpoint keeps the version before it too: the old log-probs of the
+    # step after it read that version.
+    (1, 3, 7, [1, 4], [0, 2, 3, 5, 6, 7]),
+])
+def test_keep_every_keeps_checkpoints_and_the_versions_the_steps_after_them_read(k, every, steps, retired, kept):
+    store, loop = start(f"scheduling.max_staleness={k}", f"params.keep_newest={k + 1}", f"params.keep_every={every}",
+                        f"run.steps={steps}")
+    loop.join("w", INFERENCE, slots=8)
+    loop.join("v", VERIFIER)
+    run_steps(loop, store, steps)
+    events = store.events("r")
+    assert [v for e in events if isinstance(e, ev.VersionsRetired) for v in e.versions] == retired
+    assert sorted(loop.state.versions.keys()) == kept
+    assert [v for v in check(events) if v.invariant == "I5"] == []
+
+
+def test_retiring_a_checkpoint_breaks_i5():
+    store, loop = start("scheduling.max_staleness=0", "params.keep_newest=1", "params.keep_every=2", "run.steps=5")
+    loop.join("w", INFERENCE, slots=8)
+    loop.join("v", VERIFIER)
+    run_steps(loop, store, 5)
+    events = [ev.VersionsRetired((2, 3)) if isinstance(e, ev.VersionsRetired) and 3 in e.versions else e
+              for e in store.events("r")]
+    (violation,) = [v for v in check(events, decisions=False) if v.invariant == "I5"]
+    assert "retires version 2, which params.keep_every 2 keeps" in violation.message
 
 
 def test_decide_is_pure_and_reaches_a_fixpoint():
