@@ -106,9 +106,15 @@ def needed_versions(s: ControllerState) -> tuple[set[int], int | None]:
 def _retire(s: ControllerState) -> list[ev.Event]:
     spec = _spec(s)
     newest_kept = s.latest - spec.keep_newest
-    candidates = [v for v in s.versions.keys() if 0 < v <= newest_kept and not spec.kept(v)]
-    if not candidates:
+    if newest_kept < 1:
         return []
+    # Retained versions in 1..newest_kept, counted without a scan: a long run keeps many
+    # checkpoints, and this rule is tried after every decision. Every checkpoint up to the newest
+    # is still there (the reducer refuses to retire one), so equal counts mean nothing else is.
+    newer = sum(1 for v in range(newest_kept + 1, s.latest + 1) if v in s.versions)
+    if len(s.versions) - (0 in s.versions) - newer <= spec.kept_through(newest_kept):
+        return []
+    candidates = [v for v in s.versions.keys() if 0 < v <= newest_kept and not spec.kept(v)]
     needed, future = needed_versions(s)
     old = sorted(v for v in candidates if v not in needed and (future is None or v < future))
     return [ev.VersionsRetired(tuple(old))] if old else []

@@ -53,6 +53,15 @@ class ControllerSpec(NamedTuple):
         checkpoint = -(-version // n) * n  # the first multiple of n at or after version
         return checkpoint - version <= self.max_staleness
 
+    def kept_through(self, version: int) -> int:
+        """How many versions in ``1..version`` :meth:`kept` keeps, counted without a scan."""
+        n, k = self.keep_every, self.max_staleness
+        if n <= 0 or version <= 0:
+            return 0
+        if k >= n - 1:  # the windows of consecutive checkpoints touch: every version is kept
+            return version
+        return version // n * (k + 1) + max(0, version % n - n + k + 1)
+
     @property
     def batch_rollouts(self) -> int:
         """Rollouts per batch: groups per batch × samples per group."""

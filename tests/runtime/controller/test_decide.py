@@ -154,6 +154,10 @@ def test_retiring_a_checkpoint_breaks_i5():
               for e in store.events("r")]
     (violation,) = [v for v in check(events, decisions=False) if v.invariant == "I5"]
     assert "retires version 2, which params.keep_every 2 keeps" in violation.message
+    # Folding refuses it too: retention's decision rule counts on every checkpoint being there.
+    before = fold([e for e in store.events("r") if not (isinstance(e, ev.VersionsRetired) and 3 in e.versions)])
+    with pytest.raises(InvalidEvent, match="a checkpoint params.keep_every 2 keeps"):
+        reduce(before, ev.VersionsRetired((2,)))
 
 
 def test_decide_is_pure_and_reaches_a_fixpoint():
@@ -238,3 +242,13 @@ def test_reduce_rejects_events_that_cannot_follow():
         reduce(s, ev.WorkerJoined("w", INFERENCE))
     with pytest.raises(InvalidEvent, match="version 3"):
         reduce(s, ev.WeightsPublished(3, "d", 2, "p"))
+
+
+@pytest.mark.parametrize("every", [0, 1, 2, 3, 5])
+@pytest.mark.parametrize("k", [0, 1, 2, 4])
+def test_the_count_of_kept_versions_matches_the_rule(every, k):
+    from runtime.controller.spec import ControllerSpec
+
+    spec = ControllerSpec(1, 50, 8, 2, 2, "deterministic", k, False, 4, k + 1, {}, keep_every=every)
+    assert [spec.kept_through(n) for n in range(40)] == [sum(map(spec.kept, range(1, n + 1))) for n in range(40)]
+    assert not spec.kept(0)
