@@ -229,3 +229,16 @@ def test_keep_every_keeps_checkpoints_a_replay_starts_from(checkpointed, capsys)
     assert (doc["from_version"], doc["requested_version"]) == (2, 3)
     assert doc["match"] and doc["versions_verified"] == 3  # versions 3, 4 and 5, re-derived from 2
     assert (doc["final_version"], doc["final_digest"]) == (5, summary["final_digest"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_weights_differ_from_the_ledger_is_refused(checkpointed, tmp_path):
+    out, _ = checkpointed
+    bad = str(tmp_path / "bad")
+    shutil.copytree(out, bad)
+    store = ParamStore.open(f"{bad}/params")
+    params, opt = store.get(4), store.get_opt_state(4)
+    store.delete(2)
+    store.put(2, params, opt)  # version 4's weights under version 2
+    with pytest.raises(UsageError, match="stored version 2 does not have the digest the ledger names"):
+        replay_run(bad, from_version=3)
