@@ -389,14 +389,18 @@ class LedgerConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class ParamsConfig(Section):
-    """The parameter store URL (None: ``DIR/params``) and how many newest versions to keep."""
+    """The parameter store URL (None: ``DIR/params``), how many newest versions to keep, and
+    ``keep_every``: keep every N-th version (with its optimizer state) as a checkpoint that
+    ``rlx replay --from-version`` can start from (0: none; see ``ControllerSpec.kept``)."""
 
     NAME = "params"
     url: str | None = None
     keep_newest: int = 2
+    keep_every: int = 0
 
     def check(self) -> None:
         self._at_least("keep_newest", 1)
+        self._at_least("keep_every", 0)
         _without_credentials("params.url", self.url)
 
 

@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("directory", metavar="DIR", help="run directory (ledger.db, params/)")
     p.add_argument("--run", dest="run_id", help="the run, when the ledger holds several")
     p.add_argument("--from-version", type=int, default=0, metavar="V",
-                   help="re-train from version V, loaded from the run's parameter store (default 0)")
+                   help="re-train from version V, or the newest version before it the run kept (params.keep_every), "
+                        "loaded from the run's parameter store (default 0)")
     p.add_argument("--regenerate", action="store_true",
                    help="also re-sample every rollout and compare tokens and log-prob bits")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -41,8 +42,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     console = Console()
     t = Table(title=f"replay of run {report.run_id}", show_header=False)
     t.add_row("result", "[bold green]bit-exact[/]" if report.match else "[bold red]DIVERGES[/]")
-    t.add_row("versions verified", f"{report.versions_verified} (from version {report.from_version}, "
-                                   f"{report.steps_total} steps in the ledger)")
+    start = f"from version {report.from_version}"
+    if report.from_version != report.requested_version:
+        start += f", the nearest kept at or before {report.requested_version}"
+    t.add_row("versions verified", f"{report.versions_verified} ({start}, {report.steps_total} steps in the ledger)")
     t.add_row("final version", "-" if report.final_version is None
               else f"{report.final_version}  digest {report.final_digest}")
     t.add_row("rollouts re-sampled", str(report.rollouts_regenerated))

@@ -10,7 +10,8 @@ of the state before it.
 Rules, in priority order (the first that applies fires, then all are tried again):
 
 1. **finish**: the last step's weights are published → ``RunFinished``.
-2. **retire**: published versions that nothing needs any more → ``VersionsRetired`` (I5).
+2. **retire**: published versions that nothing needs any more and that are no checkpoint
+   (``params.keep_every``, :meth:`ControllerSpec.kept`) → ``VersionsRetired`` (I5).
 3. **discard** (freshest mode): groups whose version is below the next batch's staleness
    bound → ``GroupDiscarded(stale)``; resolved groups with uniform rewards while filtering →
    ``GroupDiscarded(uniform_reward)``.
@@ -103,14 +104,19 @@ def needed_versions(s: ControllerState) -> tuple[set[int], int | None]:
 
 
 def _retire(s: ControllerState) -> list[ev.Event]:
-    newest_kept = s.latest - _spec(s).keep_newest
-    if not any(0 < v <= newest_kept for v in s.versions.keys()):
+    spec = _spec(s)
+    newest_kept = s.latest - spec.keep_newest
+    if newest_kept < 1:
         return []
+    # Retained versions in 1..newest_kept, counted without a scan: a long run keeps many
+    # checkpoints, and this rule is tried after every decision. Every checkpoint up to the newest
+    # is still there (the reducer refuses to retire one), so equal counts mean nothing else is.
+    newer = sum(1 for v in range(newest_kept + 1, s.latest + 1) if v in s.versions)
+    if len(s.versions) - (0 in s.versions) - newer <= spec.kept_through(newest_kept):
+        return []
+    candidates = [v for v in s.versions.keys() if 0 < v <= newest_kept and not spec.kept(v)]
     needed, future = needed_versions(s)
-    old = sorted(
-        v for v in s.versions.keys()
-        if 0 < v <= newest_kept and v not in needed and (future is None or v < future)
-    )
+    old = sorted(v for v in candidates if v not in needed and (future is None or v < future))
     return [ev.VersionsRetired(tuple(old))] if old else []
 
 

@@ -245,6 +245,9 @@ class _Checker:
                 continue
             if v == self.latest:
                 self.flag("I5", seq, f"retires the newest version {v}, which a resume needs")
+            if spec is not None and spec.kept(v):
+                self.flag("I5", seq, f"retires version {v}, which params.keep_every {spec.keep_every} keeps "
+                                     "for replays to start from")
             if self.incomplete.get(v, 0) > 0:
                 self.flag("I5", seq, f"retires version {v} while {self.incomplete[v]} requests from it are outstanding")
             if spec is not None and spec.mode == DETERMINISTIC:

@@ -346,10 +346,12 @@ def _weights_published(d: _Draft, e: ev.WeightsPublished) -> None:
 
 
 def _versions_retired(d: _Draft, e: ev.VersionsRetired) -> None:
-    _started(d, e)
+    spec = _started(d, e)
     for v in e.versions:
         if v not in d.versions or v == d.latest or e.versions.count(v) > 1:
             raise _invalid(e, f"retires version {v}, which is not a retained older version")
+        if spec.kept(v):
+            raise _invalid(e, f"retires version {v}, a checkpoint params.keep_every {spec.keep_every} keeps")
     for v in e.versions:
         del d.versions[v]
 

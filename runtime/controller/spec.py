@@ -36,6 +36,31 @@ class ControllerSpec(NamedTuple):
     max_groups_per_batch: int
     keep_newest: int
     sampling: dict
+    keep_every: int = 0
+
+    def kept(self, version: int) -> bool:
+        """Whether retention keeps ``version`` for good (``params.keep_every``).
+
+        With ``keep_every = N > 0`` every N-th version ``K`` is a checkpoint a replay can re-train
+        from. The steps after ``K`` recompute old log-probs with the versions their rollouts were
+        sampled from, up to ``max_staleness`` versions back, so the ``max_staleness`` versions
+        before ``K`` are kept with it: a replay from ``K`` reads exactly what the run read.
+        Version 0 is kept whatever this says.
+        """
+        n = self.keep_every
+        if n <= 0 or version <= 0:
+            return False
+        checkpoint = -(-version // n) * n  # the first multiple of n at or after version
+        return checkpoint - version <= self.max_staleness
+
+    def kept_through(self, version: int) -> int:
+        """How many versions in ``1..version`` :meth:`kept` keeps, counted without a scan."""
+        n, k = self.keep_every, self.max_staleness
+        if n <= 0 or version <= 0:
+            return 0
+        if k >= n - 1:  # the windows of consecutive checkpoints touch: every version is kept
+            return version
+        return version // n * (k + 1) + max(0, version % n - n + k + 1)
 
     @property
     def batch_rollouts(self) -> int:
@@ -85,4 +110,5 @@ class ControllerSpec(NamedTuple):
             max_groups_per_batch=scheduling.max_groups_per_batch,
             keep_newest=params.keep_newest,
             sampling=sampling.request(),
+            keep_every=params.keep_every,
         )

@@ -2,7 +2,7 @@
 rollout) and compare the bits with what the run logged."""
 
 from runtime.replay.divergence import Divergence, compare_rollout, compare_step, fingerprint_diff
-from runtime.replay.plan import IncompleteLedger, ReplayPlan, SampledRollout, StepPlan, plan_replay
+from runtime.replay.plan import IncompleteLedger, ReplayPlan, SampledRollout, StepPlan, plan_replay, replay_start
 from runtime.replay.report import ReplayReport
 from runtime.replay.runner import replay_run
 from runtime.replay.source import RunLedger, open_params, read_run
@@ -22,4 +22,5 @@ __all__ = [
     "plan_replay",
     "read_run",
     "replay_run",
+    "replay_start",
 ]

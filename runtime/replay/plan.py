@@ -186,3 +186,19 @@ def _train_rollout(step: int, rid: int, requests, completions, outcomes) -> Trai
     if missing:
         raise IncompleteLedger(f"batch {step} consumes rollout {rid}, which has no logged {' or '.join(missing)}")
     return TrainRollout(requests[rid], completions[rid][1], outcomes[rid])
+
+
+def replay_start(plan: ReplayPlan, version: int) -> int:
+    """The version a replay asked to start at ``version`` re-trains from: the newest version at or
+    before it that the run still retains (``params.keep_every`` checkpoints, the newest few)
+    together with every older version the steps after it read for their old log-probs; version 0,
+    which a replay rebuilds, when none is.
+    """
+    retained = set(plan.retained)
+    for start in sorted((v for v in retained if 0 < v <= version), reverse=True):
+        reads = {v for step in plan.steps if step.step > start
+                 for v in step.row_versions() - step.unavailable if 0 < v < start}
+        if reads <= retained:
+            return start
+    return 0
+

@@ -16,7 +16,8 @@ class ReplayReport:
 
     Attributes:
       run_id: the replayed run.
-      from_version: the version re-training started from (0: the rebuilt initial weights).
+      from_version: the version re-training started from (0: the rebuilt initial weights): the
+        newest version the run kept at or before ``requested_version`` (``replay_start``).
       steps_total: train steps committed in the ledger.
       versions_verified: versions re-derived bit-exactly (version 0 included when
         ``from_version`` is 0).
@@ -28,6 +29,7 @@ class ReplayReport:
         store check report each rollout and version.
       fingerprint_diff: fingerprint keys that differ from the ``RunStarted`` record.
       seconds: wall time of the replay (for reporting only).
+      requested_version: the version asked for (``--from-version``).
     """
 
     run_id: str
@@ -40,6 +42,7 @@ class ReplayReport:
     divergences: tuple[Divergence, ...]
     fingerprint_diff: dict[str, dict[str, Any]]
     seconds: float = 0.0
+    requested_version: int = 0
 
     @property
     def match(self) -> bool:
@@ -56,6 +59,7 @@ class ReplayReport:
             "run_id": self.run_id,
             "match": self.match,
             "from_version": self.from_version,
+            "requested_version": self.requested_version,
             "steps_total": self.steps_total,
             "versions_verified": self.versions_verified,
             "final_version": self.final_version,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from runtime.errors import UsageError
 from runtime.replay.divergence import Divergence, compare_rollout, compare_step, compare_version0, fingerprint_diff
-from runtime.replay.plan import ReplayPlan, SampledRollout, StepPlan, plan_replay
+from runtime.replay.plan import ReplayPlan, SampledRollout, StepPlan, plan_replay, replay_start
 from runtime.replay.report import ReplayReport, ordered
 from runtime.replay.source import open_params, read_run
 from runtime.rundir import RunDir
@@ -41,7 +41,9 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
     Args:
       directory: the run directory (``ledger.db``, ``params/``).
       run_id: the run, when the ledger holds several.
-      from_version: re-train from this version, loaded from the run's parameter store.
+      from_version: re-train from the newest version at or before this one that the run kept
+        (``replay_start``; ``params.keep_every`` keeps checkpoints), loaded from the run's
+        parameter store and checked against the ledger's digest; 0 rebuilds version 0.
       regenerate: also re-sample every rollout from a re-derived version.
       log: progress lines.
       warn: called once when the current fingerprint differs from the recorded one.
@@ -53,13 +55,14 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
     from runtime.session import fingerprint
 
     t0 = time.monotonic()
+    start = from_version  # until the plan says which kept version re-training starts from
     source = read_run(directory, run_id)
     run_id = source.run_id
 
     def report(divergences: list[Divergence], *, steps_total: int = 0, verified: int = 0,
                final: tuple[int, str] | None = None, regenerated: int = 0, fp: dict | None = None) -> ReplayReport:
-        return ReplayReport(run_id, from_version, steps_total, verified, final and final[0], final and final[1],
-                            regenerated, ordered(divergences), fp or {}, time.monotonic() - t0)
+        return ReplayReport(run_id, start, steps_total, verified, final and final[0], final and final[1],
+                            regenerated, ordered(divergences), fp or {}, time.monotonic() - t0, from_version)
 
     if not source.chain.ok:
         c = source.chain
@@ -75,6 +78,9 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
     last = plan.steps[-1].step if plan.steps else 0
     if type(from_version) is not int or not 0 <= from_version <= last or from_version not in plan.versions:
         raise UsageError(f"--from-version {from_version!r} is not accepted; run {run_id!r} has versions 0..{last}")
+    start = replay_start(plan, from_version)
+    if start != from_version:
+        log(f"version {from_version} is not kept: re-training from version {start}, the nearest kept before it")
 
     url = RunDir(directory).logged_params(plan.run.config)
     pstore = open_params(url)
@@ -94,12 +100,12 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
             if differs:
                 warn(f"the rebuilt engine's batch shape differs from the run's ({', '.join(differs)}): "
                      "re-sampled bits may differ")
-    divergences += rerun.start(from_version)
+    divergences += rerun.start(start)
     if not rerun.stopped:
         if regenerate:
-            divergences += rerun.regenerate(from_version)
+            divergences += rerun.regenerate(start)
         for step in plan.steps:
-            if step.step <= from_version:
+            if step.step <= start:
                 continue
             divergences += rerun.train(step)
             if rerun.stopped:

@@ -21,7 +21,7 @@ from ledger import open_store
 from runtime.cli import main
 from runtime.errors import UsageError
 from runtime.params import ParamStore
-from runtime.replay import compare_rollout, fingerprint_diff, plan_replay, replay_run
+from runtime.replay import compare_rollout, fingerprint_diff, plan_replay, replay_run, replay_start
 from runtime.replay.plan import SampledRollout
 from runtime.replay.runner import recorded_engine_shapes
 from tests.runtime.small_run import STEPS
@@ -197,3 +197,48 @@ def test_fingerprint_diff_lists_differing_keys_only():
         "cores": {"recorded": 2, "current": 1},
         "cpu": {"recorded": None, "current": "x"},
     }
+
+
+@pytest.fixture(scope="module")
+def checkpointed(small_run, tmp_path_factory):
+    """A 5-step run of the small run's config with max_staleness 0 and ``params.keep_every`` 2."""
+    from runtime.run import run
+
+    _, _, config = small_run
+    config = dataclasses.replace(
+        config, run=dataclasses.replace(config.run, steps=5),
+        scheduling=dataclasses.replace(config.scheduling, max_staleness=0),
+        params=dataclasses.replace(config.params, keep_every=2))
+    out = str(tmp_path_factory.mktemp("checkpointed") / "run")
+    summary = run(config, out, progress=False, log=lambda m: None)
+    return out, summary
+
+
+@pytest.mark.slow
+def test_keep_every_keeps_checkpoints_a_replay_starts_from(checkpointed, capsys):
+    out, summary = checkpointed
+    # Versions 2 and 4 are checkpoints; 1 and 3 are retired; 0 is the root and 5 the newest.
+    assert ParamStore.open(f"{out}/params").versions() == (0, 2, 4, 5)
+    plan = plan_replay(events_of(out))
+    assert plan.retained == (0, 2, 4, 5)
+    assert [replay_start(plan, v) for v in range(6)] == [0, 0, 2, 2, 4, 5]
+    assert main(["audit", out, "check", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["replay", out, "--from-version", "3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["from_version"], doc["requested_version"]) == (2, 3)
+    assert doc["match"] and doc["versions_verified"] == 3  # versions 3, 4 and 5, re-derived from 2
+    assert (doc["final_version"], doc["final_digest"]) == (5, summary["final_digest"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_weights_differ_from_the_ledger_is_refused(checkpointed, tmp_path):
+    out, _ = checkpointed
+    bad = str(tmp_path / "bad")
+    shutil.copytree(out, bad)
+    store = ParamStore.open(f"{bad}/params")
+    params, opt = store.get(4), store.get_opt_state(4)
+    store.delete(2)
+    store.put(2, params, opt)  # version 4's weights under version 2
+    with pytest.raises(UsageError, match="stored version 2 does not have the digest the ledger names"):
+        replay_run(bad, from_version=3)

@@ -8,6 +8,7 @@ from ledger import events as ev
 from ledger import open_store
 from runtime.config import load_config
 from runtime.controller import ControllerLoop, decide
+from runtime.controller.invariants import check
 from runtime.controller.reduce import InvalidEvent, fold, reduce
 from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier, train_once
 from runtime.controller.workers import INFERENCE, VERIFIER
@@ -126,6 +127,39 @@ def test_retention_keeps_the_newest_and_version_0_and_what_requests_need():
     assert sorted(loop.state.versions.keys()) == [0, 3, 4, 5]
 
 
+@pytest.mark.parametrize("k, every, steps, retired, kept", [
+    (0, 2, 5, [1, 3], [0, 2, 4, 5]),
+    # With staleness 1 a checkpoint keeps the version before it too: the old log-probs of the
+    # step after it read that version.
+    (1, 3, 7, [1, 4], [0, 2, 3, 5, 6, 7]),
+])
+def test_keep_every_keeps_checkpoints_and_the_versions_the_steps_after_them_read(k, every, steps, retired, kept):
+    store, loop = start(f"scheduling.max_staleness={k}", f"params.keep_newest={k + 1}", f"params.keep_every={every}",
+                        f"run.steps={steps}")
+    loop.join("w", INFERENCE, slots=8)
+    loop.join("v", VERIFIER)
+    run_steps(loop, store, steps)
+    events = store.events("r")
+    assert [v for e in events if isinstance(e, ev.VersionsRetired) for v in e.versions] == retired
+    assert sorted(loop.state.versions.keys()) == kept
+    assert [v for v in check(events) if v.invariant == "I5"] == []
+
+
+def test_retiring_a_checkpoint_breaks_i5():
+    store, loop = start("scheduling.max_staleness=0", "params.keep_newest=1", "params.keep_every=2", "run.steps=5")
+    loop.join("w", INFERENCE, slots=8)
+    loop.join("v", VERIFIER)
+    run_steps(loop, store, 5)
+    events = [ev.VersionsRetired((2, 3)) if isinstance(e, ev.VersionsRetired) and 3 in e.versions else e
+              for e in store.events("r")]
+    (violation,) = [v for v in check(events, decisions=False) if v.invariant == "I5"]
+    assert "retires version 2, which params.keep_every 2 keeps" in violation.message
+    # Folding refuses it too: retention's decision rule counts on every checkpoint being there.
+    before = fold([e for e in store.events("r") if not (isinstance(e, ev.VersionsRetired) and 3 in e.versions)])
+    with pytest.raises(InvalidEvent, match="a checkpoint params.keep_every 2 keeps"):
+        reduce(before, ev.VersionsRetired((2,)))
+
+
 def test_decide_is_pure_and_reaches_a_fixpoint():
     store, loop = start("scheduling.max_staleness=1")
     loop.join("w", INFERENCE, slots=3)
@@ -208,3 +242,13 @@ def test_reduce_rejects_events_that_cannot_follow():
         reduce(s, ev.WorkerJoined("w", INFERENCE))
     with pytest.raises(InvalidEvent, match="version 3"):
         reduce(s, ev.WeightsPublished(3, "d", 2, "p"))
+
+
+@pytest.mark.parametrize("every", [0, 1, 2, 3, 5])
+@pytest.mark.parametrize("k", [0, 1, 2, 4])
+def test_the_count_of_kept_versions_matches_the_rule(every, k):
+    from runtime.controller.spec import ControllerSpec
+
+    spec = ControllerSpec(1, 50, 8, 2, 2, "deterministic", k, False, 4, k + 1, {}, keep_every=every)
+    assert [spec.kept_through(n) for n in range(40)] == [sum(map(spec.kept, range(1, n + 1))) for n in range(40)]
+    assert not spec.kept(0)

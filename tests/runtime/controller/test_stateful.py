@@ -74,16 +74,17 @@ class ControllerMachine(RuleBasedStateMachine):
         steps=st.integers(2, 4),
         size=st.integers(3, 12),
         keep=st.integers(1, 2),
+        every=st.integers(0, 3),
         seed=st.integers(0, 2**32),
         workers=st.lists(st.integers(1, 3), min_size=1, max_size=3),
     )
-    def start(self, k, group_size, groups, steps, size, keep, seed, workers):
+    def start(self, k, group_size, groups, steps, size, keep, every, seed, workers):
         mode, filter_groups = self.MODE, self.FILTER
         self.config = load_config(None, [
             f"scheduling.mode={mode}", f"scheduling.max_staleness={k}", f"scheduling.filter_groups={str(filter_groups).lower()}",
             f"sampling.group_size={group_size}", f"scheduling.groups_per_batch={groups}",
             f"scheduling.max_groups_per_batch={2 * groups}", f"run.steps={steps}", f"params.keep_newest={keep}",
-            f"run.seed={seed}",
+            f"params.keep_every={every}", f"run.seed={seed}",
         ], data_size=size)
         event(f"mode={mode} k={k} filter={filter_groups}")
         self.dir = tempfile.mkdtemp(prefix="rlx-ctl-")
