@@ -14,9 +14,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from ledger import events as ev
 from ledger import open_store
-from ledger.errors import CodecError, CorruptLedger
+from ledger.errors import CorruptLedger
 from runtime.config import Config
 from runtime.errors import UsageError
 
@@ -36,6 +35,7 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
     from runtime.controller import ControllerLoop
     from runtime.params import ParamStore
     from runtime.run import _Retirer
+    from runtime.rundir import run_started
     from runtime.service.server import ControllerService, serve
     from runtime.session import fingerprint, make_task
 
@@ -50,13 +50,7 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
             fresh = config()  # its run.name is run_id when one is given
             name = fresh.run.name
         if name in store.runs():
-            try:
-                first = next(store.read(name, 1, 1)).event
-            except (StopIteration, CodecError):
-                first = None
-            if not isinstance(first, ev.RunStarted):
-                raise UsageError(f"run {name!r} does not start with RunStarted")
-            cfg = Config.from_dict(first.config)
+            cfg = Config.from_dict(run_started(store, name).config)
             # No ``pstore.sweep()`` here, unlike ``rlx resume``: the controller being replaced does
             # not take the workers with it, and a trainer's put in flight looks exactly like a
             # killed put's leftovers; sweeping would delete arrays it has written and is about to

@@ -28,7 +28,7 @@ from ledger import events as ev
 from ledger import open_store
 from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
-from runtime.rundir import RunDir
+from runtime.rundir import RunDir, run_started
 from runtime.session import Session, build_session, build_task, fingerprint
 
 
@@ -165,7 +165,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
            log: Callable[[str], None] = print) -> dict | None:
     """Continue the run in ``out`` after a crash or kill: fold the ledger, take a new writer epoch,
     clean up half-written parameter versions and go on. Returns None if the run had finished."""
-    from ledger.errors import CodecError, CorruptLedger
+    from ledger.errors import CorruptLedger
     from runtime.controller import ControllerLoop, snapshot
     from runtime.params import ParamStore
     from runtime.replay.divergence import fingerprint_diff
@@ -174,12 +174,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
     rundir = RunDir(out)
     with open_store(out, readonly=True) as reader:
         run_id = rundir.select_run(reader, run_id)
-        try:
-            first = next(reader.read(run_id, 1, 1)).event
-        except (StopIteration, CodecError):
-            first = None
-    if not isinstance(first, ev.RunStarted):
-        raise UsageError(f"run {run_id!r} does not start with RunStarted")
+        first = run_started(reader, run_id)
     config = Config.from_dict(first.config)
     store = open_store(out, synchronous=config.ledger.synchronous)
     try:

@@ -19,6 +19,21 @@ from runtime.errors import UsageError
 PARAMS_DIR = "params"
 
 
+def run_started(store, run_id: str):
+    """The ``RunStarted`` that opens ``run_id`` in ``store`` (its config, seed and stack), or a
+    one-line refusal when the run's first event is missing, unreadable or something else."""
+    from ledger import events as ev
+    from ledger.errors import CodecError
+
+    try:
+        first = next(store.read(run_id, 1, 1)).event
+    except (StopIteration, CodecError):
+        first = None
+    if not isinstance(first, ev.RunStarted):
+        raise UsageError(f"run {run_id!r} does not start with RunStarted")
+    return first
+
+
 def _listed(runs: Sequence[str]) -> str:
     return ", ".join(repr(r) for r in runs[:10]) or "none"
 
