@@ -80,13 +80,7 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
         if ctrl.finished:
             return _final(ctrl)
 
-        def verify_weights(version: int, digest: str) -> str | None:
-            if version not in pstore.versions():
-                return f"version {version} is not in the parameter store {pstore.url}"
-            stored = pstore.digest(version)
-            return None if stored == digest else f"version {version} in the parameter store has digest {stored[:16]}"
-
-        service = ControllerService(ctrl, config=cfg.to_dict(), params_url=pstore.url, verify_weights=verify_weights)
+        service = ControllerService(ctrl, config=cfg.to_dict(), params_url=pstore.url, params=pstore)
         served = serve(service, address, security)
         host = address.target.rsplit(":", 1)[0]
         (announce or (lambda d: print(json.dumps(d, sort_keys=True), flush=True)))(

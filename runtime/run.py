@@ -481,14 +481,8 @@ def _run_processes(config: Config, out: str, pstore, ctrl, retirer: _Retirer, pr
     if workers is None:
         workers = _WorkerProcesses(config, out)
 
-    def verify_weights(version: int, digest: str) -> str | None:
-        if version not in pstore.versions():
-            return f"version {version} is not in the parameter store {pstore.url}"
-        stored = pstore.digest(version)
-        return None if stored == digest else f"version {version} in the parameter store has digest {stored[:16]}"
-
     supervisor = workers.supervisor
-    service = ControllerService(ctrl, config=config.to_dict(), params_url=pstore.url, verify_weights=verify_weights,
+    service = ControllerService(ctrl, config=config.to_dict(), params_url=pstore.url, params=pstore,
                                 on_accept=supervisor.delivered)
     workers.attach(ctrl, service)
     log(f"workers: {len(supervisor.slots)} processes (their output in {os.path.join(out, 'logs')})")

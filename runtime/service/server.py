@@ -55,19 +55,19 @@ class ControllerService(pb_grpc.ControllerServicer):
         ctrl: the controller (the ledger's only writer).
         config: the run's config (as logged in ``RunStarted``), sent to workers by ``Describe``.
         params_url: the parameter store's URL, sent to workers.
-        verify_weights: called with (version, digest) before a ``WeightsPublished`` is admitted;
-            returns why the parameter store disagrees, or None.
+        params: that store, opened here: a ``WeightsPublished`` is admitted only if the store
+            holds the version with the digest it names (None: not checked).
         on_accept: called with a worker id after each submission of it that was accepted.
         heartbeat_s: how often workers heartbeat while they work.
     """
 
     def __init__(self, ctrl: ControllerLoop, *, config: dict, params_url: str,
-                 verify_weights: Callable[[int, str], str | None] | None = None,
+                 params=None,
                  on_accept: Callable[[str], None] | None = None, heartbeat_s: float | None = None):
         self.ctrl = ctrl
         self.config_bytes = wire.pack_map(config)
         self.params_url = params_url
-        self.verify_weights = verify_weights
+        self.params = params
         self.on_accept = on_accept
         self.heartbeat_s = heartbeat_s or max(0.05, min(5.0, ctrl.lease_timeout_s / 4))
         self.fenced = threading.Event()
@@ -93,6 +93,15 @@ class ControllerService(pb_grpc.ControllerServicer):
         if not _WORKER_ID.fullmatch(worker_id):
             raise wire.WireError(f"worker id {worker_id[:40]!r} must be 1 to 128 characters of A-Z a-z 0-9 _ . : @ ~ + -")
         return worker_id
+
+    def _check_weights(self, e: ev.WeightsPublished) -> None:
+        """Refuse a claim the parameter store does not back: the version absent, or another digest."""
+        store = self.params
+        if e.version not in store.versions():
+            raise wire.WireError(f"version {e.version} is not in the parameter store {store.url}")
+        stored = store.digest(e.version)
+        if stored != e.digest:
+            raise wire.WireError(f"version {e.version} in the parameter store has digest {stored[:16]}")
 
     def _role(self, worker_id: str) -> str | None:
         w = self.ctrl.state.workers.get(worker_id)
@@ -173,12 +182,10 @@ class ControllerService(pb_grpc.ControllerServicer):
             events = wire.submitted(request.events, role, wid)
             ctrl = self.ctrl
             ctrl.heartbeat(wid)
-            if self.verify_weights is not None:
+            if self.params is not None:
                 for e in events:
                     if type(e) is ev.WeightsPublished:
-                        problem = self.verify_weights(e.version, e.digest)
-                        if problem:
-                            raise wire.WireError(problem)
+                        self._check_weights(e)
             if role == INFERENCE:
                 verdicts = ctrl.complete(events)
             elif role == VERIFIER:
