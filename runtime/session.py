@@ -260,14 +260,16 @@ def build_scoring(config: Config, *, log: Log = print):
 
 
 def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True,
-                  built: tuple[Any, str | None] | None = None) -> Session:
+                  built: tuple[Any, str | None] | None = None, engine: bool = True) -> Session:
     """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
 
     With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
     isolation level stops the run before anything is trained; a replay, which re-trains from
     logged outcomes and judges nothing, passes False. Without ``warm`` the model keeps its
     initial weights: for a worker that reads every version it uses from the parameter store.
-    ``built``: what ``build_task`` returned for this config, if it was called already.
+    ``built``: what ``build_task`` returned for this config, if it was called already. Without
+    ``engine`` no engine is built (``Session.engine`` is None; ``new_engine`` still builds one):
+    for a replay that re-trains and samples nothing.
     """
     from runtime.tasks.base import TextCodec
     from runtime.trainer.pretrain import cached_warm_start
@@ -290,7 +292,7 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
         model, path, cached = cached_warm_start(model, task, p, seed=config.run.seed, width=width, cache_dir=cache_dir)
         warm_start = {"steps": p.steps, "cached": cached, "checkpoint": path}
     shape = EngineShape.for_run(config, width)
-    return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model),
+    return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model) if engine else None,
                    step_config(config, model), sandbox, warm_start)
 
 

@@ -28,8 +28,10 @@ def _stderr(message: str) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from runtime import compile_cache
     from runtime.replay import replay_run
 
+    compile_cache.enable()
     report = replay_run(
         args.directory, run_id=args.run_id, from_version=args.from_version, regenerate=args.regenerate,
         check_snapshots=args.check_snapshots,

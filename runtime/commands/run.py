@@ -66,9 +66,11 @@ def _toml_string(text: str) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from runtime import compile_cache
     from runtime.run import run
 
     config = _config(args)
+    compile_cache.enable()  # the model, engine and train step this machine compiled before
     console = Console()
     summary = run(config, args.out, progress=not args.no_progress, log=lambda m: console.print(m))
     _print_summary(console, summary, args.out)
@@ -79,10 +81,12 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """The warm start ``rlx run`` would begin from, through the same cache, and its pass rate."""
     from rich.console import Console
 
+    from runtime import compile_cache
     from runtime.errors import UsageError
     from runtime.session import build_session
 
     config = _config(args)
+    compile_cache.enable()
     if config.pretrain.steps < 1:
         raise UsageError(f"pretrain.steps must be >= 1 for rlx pretrain, got {config.pretrain.steps}")
     if args.out is not None:
@@ -108,8 +112,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from runtime import compile_cache
     from runtime.run import resume
 
+    compile_cache.enable()  # a resume goes back to work without compiling again what the run compiled
     console = Console()
     summary = resume(args.out, run_id=args.run_id, progress=not args.no_progress, log=lambda m: console.print(m))
     if summary is not None:

@@ -136,7 +136,7 @@ class _Replay:
         if check_snapshots:
             self.log(f"{self.snapshots_checked} of {len(proofs)} snapshots equal the fold at their seq")
 
-        rerun = _Rerun(index, self.directory, pstore, self.log)
+        rerun = _Rerun(index, self.directory, pstore, self.log, sample=regenerate)
         if regenerate:
             for shape in index.engine_shapes:
                 rebuilt = rerun.session.engine.batch_shape
@@ -190,7 +190,7 @@ def _check_stored(plan: ReplayIndex, pstore, url: str) -> list[Divergence]:
 class _Rerun:
     """The session, a private parameter store and the run's workers, re-running versions in order."""
 
-    def __init__(self, plan: ReplayIndex, directory: str, pstore, log: Log):
+    def __init__(self, plan: ReplayIndex, directory: str, pstore, log: Log, *, sample: bool):
         import tensorstore as ts
 
         from runtime.config import Config
@@ -200,14 +200,15 @@ class _Rerun:
 
         self.plan, self.pstore, self.log = plan, pstore, log
         config = Config.from_dict(plan.run.config)
-        self.session = session = build_session(config, log=log, judge=False)
+        self.session = session = build_session(config, log=log, judge=False, engine=sample)
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,
                                    session.step_config, group_size=config.sampling.group_size,
                                    width=session.width)
-        self.sampler = EngineWorker("replay-inference", session.engine, session.task, session.codec,
-                                    lambda v: (self.store.get(v), self.store.digest(v)))
+        self.sampler = None if not sample else EngineWorker(
+            "replay-inference", session.engine, session.task, session.codec,
+            lambda v: (self.store.get(v), self.store.digest(v)))
         self.verified = 0
         self.regenerated = 0
         self.final: tuple[int, str] | None = None
@@ -270,6 +271,7 @@ class _Rerun:
         version, sampled = batch.version, batch.rollouts
         if not sampled:
             return []
+        assert self.sampler is not None  # built when re-sampling
         got = {c.rollout_id: c for c in self.sampler.generate([r.lease for r in sampled])}
         self.regenerated += len(sampled)
         out = [d for r in sampled if (d := compare_rollout(r, got[r.lease.rollout_id])) is not None]
