@@ -29,6 +29,7 @@ from ledger.events import (
     RunStarted,
     SampleRequest,
     TrainStepCompleted,
+    VersionEvaluated,
     VersionsRetired,
     WeightsPublished,
     WorkerJoined,

@@ -384,6 +384,29 @@ class WeightsPublished(Event):
     parent_digest: str
 
 
+@event("VersionEvaluated")
+class VersionEvaluated(Event):
+    """Held-out evaluation of weight version ``version`` (weights ``digest``).
+
+    On ``problems`` held-out problems: ``greedy_pass_rate`` of one greedy completion each;
+    ``samples`` completions each at the run's sampling temperature (seeded by run seed, version,
+    problem and sample), whose mean pass rate is ``sampled_pass_rate`` and whose unbiased
+    ``pass@k`` estimate (Chen et al. 2021: ``1 - C(n-c, k) / C(n, k)`` per problem, averaged) is
+    ``pass_at_k``. No decision reads it; the fold admits one per version that ``eval.every_steps``
+    makes due, naming that version's published digest.
+    """
+
+    version: int
+    digest: str
+    problems: int
+    greedy_pass_rate: float
+    k: int
+    samples: int
+    pass_at_k: float
+    sampled_pass_rate: float
+    evaluator: str = ""
+
+
 @event("VersionsRetired")
 class VersionsRetired(Event):
     """The run no longer needs these parameter versions; the parameter store may evict them.

@@ -404,10 +404,54 @@ class ParamsConfig(Section):
         _without_credentials("params.url", self.url)
 
 
+MAX_EVAL_SAMPLES = 1024  # completions per problem for pass@k: past this an evaluation outweighs the run
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(Section):
+    """Held-out evaluation during the run: every ``every_steps`` versions (from version 0, plus
+    the final one; 0: none), ``size`` held-out problems (at most the task's held-out split) get
+    one greedy completion and ``samples`` sampled ones each (None: ``k``), from which pass@``k``
+    is estimated without bias (None: ``sampling.group_size``). Each result is a
+    ``VersionEvaluated`` event of the version it evaluated; see ``runtime.evaluation``."""
+
+    NAME = "eval"
+    every_steps: int = 50
+    size: int = 100
+    k: int | None = None
+    samples: int | None = None
+
+    def check(self) -> None:
+        self._at_least("every_steps", 0)
+        self._at_least("size", 1)
+        self._at_least("k", 1)
+        self._at_least("samples", 1)
+        for name in ("k", "samples"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_EVAL_SAMPLES:
+                raise _fail(f"eval.{name}", value, f"it must be <= {MAX_EVAL_SAMPLES}")
+        if self.k is not None and self.samples is not None and self.samples < self.k:
+            raise _fail("eval.samples", self.samples, f"it must be >= eval.k ({self.k}): pass@k needs k samples")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig(Section):
+    """Where metrics are also written for people to watch (the ledger stays the record):
+    ``tensorboard``, a directory for TensorBoard event files (None: none)."""
+
+    NAME = "log"
+    tensorboard: str | None = None
+
+    def check(self) -> None:
+        if self.tensorboard is not None and not self.tensorboard.strip():
+            raise _fail("log.tensorboard", self.tensorboard, "give a directory path, or leave it unset")
+
+
 SECTIONS: dict[str, type[Section]] = {
     cls.NAME: cls
     for cls in (RunConfig, ModelConfig, PretrainConfig, DataConfig, SamplingConfig, AlgorithmConfig,
-                SchedulingConfig, TrainerConfig, WorkersConfig, VerifierConfig, LedgerConfig, ParamsConfig)
+                SchedulingConfig, TrainerConfig, WorkersConfig, VerifierConfig, LedgerConfig, ParamsConfig,
+                EvalConfig, LogConfig)
 }
 
 
@@ -427,6 +471,8 @@ class Config:
     verifier: VerifierConfig = dataclasses.field(default_factory=VerifierConfig)
     ledger: LedgerConfig = dataclasses.field(default_factory=LedgerConfig)
     params: ParamsConfig = dataclasses.field(default_factory=ParamsConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
         self.objective()  # the registry rejects unknown options and invalid combinations
@@ -478,8 +524,8 @@ class Config:
 
     def resolved(self, *, data_size: int | None = None) -> Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
-        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` when given, and
-        ``params.keep_newest`` at least ``max_staleness + 1``."""
+        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` when given,
+        ``params.keep_newest`` at least ``max_staleness + 1``, and ``eval.k`` and ``eval.samples``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
@@ -489,11 +535,17 @@ class Config:
         # The trainer recomputes old log-probs with the weights each rollout was sampled from, up
         # to max_staleness versions back: those must still be in the parameter store (I5).
         params = dataclasses.replace(self.params, keep_newest=max(self.params.keep_newest, s.max_staleness + 1))
+        k = self.eval.k if self.eval.k is not None else self.sampling.group_size
+        samples = self.eval.samples if self.eval.samples is not None else k
+        if samples < k:
+            raise _fail("eval.samples", samples, f"it must be >= eval.k ({k}; by default sampling.group_size): "
+                                                 "pass@k needs k samples")
         return dataclasses.replace(
             self,
             scheduling=dataclasses.replace(s, filter_groups=filter_groups, max_groups_per_batch=cap),
             data=data,
             params=params,
+            eval=dataclasses.replace(self.eval, k=k, samples=samples),
         )
 
     def digest(self) -> str:

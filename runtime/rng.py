@@ -22,6 +22,8 @@ Purposes used by the run:
 - :data:`EVAL_SPLIT` (dataset size): which problems of a task are held out for evaluation.
 - :data:`CODE_FUNCTIONS` (functions): which functions of the program-synthesis task are held out.
 - :data:`CODE_PROBLEM` (held out, index): one generated program-synthesis problem.
+- :data:`EVAL_SAMPLE` (version, problem, sample): the sampling seed of one held-out evaluation
+  completion (``runtime.evaluation``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ WARM_START = "pretrain.batches"
 EVAL_SPLIT = "data.eval_split"
 CODE_FUNCTIONS = "codefn.eval_functions"
 CODE_PROBLEM = "codefn.problem"
+EVAL_SAMPLE = "eval.sample"
 
 SEED_BITS = 63
 _SEED_MASK = (1 << SEED_BITS) - 1

@@ -22,7 +22,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ledger import events as ev
 from ledger import open_store
@@ -212,8 +212,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
         ctrl = ControllerLoop.resume(store, run_id, fingerprint=here, start=recovered, warn=log,
                                      lease_timeout_s=config.workers.lease_timeout_s, on_retire=retirer,
                                      snapshot_every=config.ledger.snapshot_every)
-        for v in ctrl.evictable_versions(pstore.versions()):
-            pstore.delete(v)
+        retirer(ctrl.evictable_versions(pstore.versions()))  # deleted once the evaluator has what it needs
         since = f"snapshot at seq {recovered.snapshot_seq}" if recovered.snapshot_seq else "seq 1"
         log(f"resumed run {run_id!r} at step {ctrl.state.trained} of {config.run.steps} "
             f"(writer epoch {ctrl.epoch}, ledger head seq {ctrl.head_seq}, folded from {since})")
@@ -233,15 +232,28 @@ class _Retirer:
     def __init__(self, pstore) -> None:
         self.pstore = pstore
         self._queued: list[int] = []
+        self._held: dict[int, int] = {}  # version -> holds: not deleted until released
         self._lock = threading.Lock()
 
-    def __call__(self, versions: tuple[int, ...]) -> None:
+    def __call__(self, versions: Iterable[int]) -> None:
         with self._lock:
             self._queued.extend(versions)
 
+    def hold(self, version: int) -> None:
+        """Keep ``version`` in the store until :meth:`release` (the evaluator has yet to load it)."""
+        with self._lock:
+            self._held[version] = self._held.get(version, 0) + 1
+
+    def release(self, version: int) -> None:
+        with self._lock:
+            n = self._held.pop(version, 0) - 1
+            if n > 0:
+                self._held[version] = n
+
     def sweep(self) -> None:
         with self._lock:
-            versions, self._queued = self._queued, []
+            versions = [v for v in self._queued if v not in self._held]
+            self._queued = [v for v in self._queued if v in self._held]
         if versions:
             present = set(self.pstore.versions())
             for v in versions:
@@ -252,28 +264,42 @@ class _Retirer:
 def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, retirer: _Retirer, t_start: float,
            progress: bool, log: Callable[[str], None], workers: _WorkerProcesses | None = None) -> dict:
     """Run the workers (processes or threads, ``workers.mode``; processes already started in
-    ``workers``, else started now) until the run finishes; evaluate versions 0 and final on the
-    held-out split (after the run, so a resume goes back to work at once); write summary.json,
-    report.png. The RL time counts from here: from when the controller is ready."""
+    ``workers``, else started now) until the run finishes, with the held-out evaluator and the
+    TensorBoard log listening (``_observers``); wait for the last due evaluation; evaluate
+    versions 0 and final on the held-out split (after the run, so a resume goes back to work at
+    once); write summary.json, report.png. The RL time counts from here: from when the controller
+    is ready to when the run finished."""
     # Everything built so far (model, compiled programs, the folded state) lives for the whole
     # run: keep it out of the cyclic collector's passes until the run ends. The controller and
     # the worker threads allocate many short-lived, acyclic objects (events, leases, tuples):
     # collect the young generation 20,000 allocations apart instead of 700, which cut the time
     # every thread spends in the collector by about 5x in `scripts/bench_e2e.py`.
+    evaluator, metrics = _observers(session, config, pstore, ctrl, retirer, log)
     gc.freeze()
     thresholds = gc.get_threshold()
     gc.set_threshold(max(thresholds[0], 20_000), *thresholds[1:])
     t_rl = time.monotonic()
     try:
-        if config.workers.mode == PROCESSES:
-            _run_processes(config, out, pstore, ctrl, retirer, progress, log, workers)
-        else:
-            _run_threads(session, config, pstore, ctrl, retirer, progress)
+        try:
+            if config.workers.mode == PROCESSES:
+                _run_processes(config, out, pstore, ctrl, retirer, progress, log, workers)
+            else:
+                _run_threads(session, config, pstore, ctrl, retirer, progress)
+        except BaseException:
+            if evaluator is not None:
+                evaluator.close(wait=False)
+            raise
+        finally:
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
+            retirer.sweep()
+        rl_seconds = time.monotonic() - t_rl
+        if evaluator is not None:
+            evaluator.close()  # the final version's evaluation, submitted after RunFinished
+            retirer.sweep()
     finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-        retirer.sweep()
-    rl_seconds = time.monotonic() - t_rl
+        if metrics is not None:
+            metrics.close()
     state = ctrl.state
     final_version = state.latest
     final_digest = state.versions[final_version]
@@ -288,6 +314,38 @@ def _drive(session: Session, config: Config, out: str, store, pstore, ctrl, reti
 
     plot_report(summary, os.path.join(out, "report.png"))
     return summary
+
+
+def _observers(session: Session, config: Config, pstore, ctrl, retirer: _Retirer, log: Callable[[str], None]):
+    """The held-out evaluator (when ``eval.every_steps`` makes any version due) and the
+    TensorBoard log (``log.tensorboard``), started and listening to the controller's commits."""
+    from runtime.evaluation import Evaluator
+
+    evaluator = metrics = None
+    hooks = []
+    spec = ctrl.state.spec
+    if spec is not None and spec.eval_every > 0:
+        # Processes mode leaves this process's engine idle during the run; threads mode lends it
+        # to the first inference worker, so the evaluator gets one of the same shape.
+        engine = session.engine if config.workers.mode == PROCESSES else session.new_engine()
+        evaluator = Evaluator(engine=engine, task=session.task, codec=session.codec, pstore=pstore, ctrl=ctrl,
+                              retirer=retirer, config=config, log=log)
+        hooks.append(evaluator.observe)
+    if config.log.tensorboard is not None:
+        from runtime.metrics_log import TensorBoardLog
+
+        metrics = TensorBoardLog(config.log.tensorboard)
+        hooks.append(metrics.observe)
+        log(f"TensorBoard logs in {config.log.tensorboard}")
+    if hooks:
+        def on_commit(events: list[ev.Event]) -> None:
+            for hook in hooks:
+                hook(events)
+
+        ctrl.on_commit = on_commit
+    if evaluator is not None:
+        evaluator.start()
+    return evaluator, metrics
 
 
 def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retirer, progress: bool) -> None:
@@ -536,14 +594,25 @@ def _watch(ctrl, retirer: _Retirer, config: Config, progress: bool, *, stopped: 
 
 def _summary(store, config: Config, final_version: int, final_digest: str, eval_before: float,
              eval_after: float, rl_seconds: float, total_seconds: float, tokens: int, session: Session) -> dict:
-    steps, rollouts = [], 0
+    steps, rollouts, evaluations = [], 0, []
+    started = None
     for s in store.read(config.run.name):
         e = s.event
         if isinstance(e, ev.TrainStepCompleted):
             steps.append({"step": e.step, **e.metrics})
         elif isinstance(e, ev.RolloutCompleted):
             rollouts += 1
+        elif isinstance(e, ev.VersionEvaluated):
+            evaluations.append({
+                "version": e.version, "step": e.version, "digest": e.digest, "problems": e.problems,
+                "greedy_pass_rate": e.greedy_pass_rate, "pass_at_k": e.pass_at_k, "k": e.k, "samples": e.samples,
+                "sampled_pass_rate": e.sampled_pass_rate, "seq": s.seq,
+                "wall_seconds": s.wall_time - (s.wall_time if started is None else started),
+            })
+        elif isinstance(e, ev.RunStarted):
+            started = s.wall_time
     steps.sort(key=lambda m: m["step"])
+    evaluations.sort(key=lambda m: m["version"])
     return {
         "run": config.run.name,
         "config_digest": config.digest(),
@@ -563,6 +632,7 @@ def _summary(store, config: Config, final_version: int, final_digest: str, eval_
         "reward_curve": [m.get("reward_mean") for m in steps],
         "pass_rate_curve": [m.get("pass_rate") for m in steps],
         "metrics": steps,
+        "evaluations": evaluations,
     }
 
 

@@ -104,6 +104,7 @@ NOT_EXPORTED: dict[type, str] = {
     ev.PromptsSampled: "each request carries its prompt index",
     ev.VersionsRetired: "retention is the parameter store's life cycle, not a fact of a version's rollouts",
     ev.RunFinished: "the end of the run states no row's fact",
+    ev.VersionEvaluated: "a held-out evaluation is a fact of a version, not of a rollout or a step's batch",
 }
 """Event kinds no row reads, and why (every kind is one or the other)."""
 

@@ -5,7 +5,8 @@
 - :meth:`Provenance.version` — the lineage of a weight version: its parent chain down to version
   0 (digests), the step that produced it, its training batch and, for every rollout of the
   batch, the prompt, seed, sampling parameters, policy version and staleness, the worker that
-  generated it and the verifier's outcome (verifier name and version), plus the step's metrics;
+  generated it and the verifier's outcome (verifier name and version), plus the step's metrics
+  and the version's held-out evaluation, if it had one;
 - :meth:`Provenance.rollout` — the history of one rollout, requested → assigned (every attempt
   and worker) → completed → scored → consumed by a step → the version that step produced;
 - :meth:`Provenance.step` — a step's batch and the version it produced.
@@ -57,13 +58,15 @@ class Provenance:
     published: dict[int, tuple[int, ev.WeightsPublished]]
     retired: dict[int, int]
     consumed: dict[int, int]
+    evaluated: dict[int, tuple[int, ev.VersionEvaluated]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_events(cls, events: Iterable[StoredEvent]) -> Provenance:
         """Index ``events`` (one run, seq order). Later duplicates never replace a first record."""
         run = None
         tables: dict[str, dict] = {name: {} for name in (
-            "requests", "completed", "outcomes", "discarded", "batches", "trained", "published", "retired", "consumed")}
+            "requests", "completed", "outcomes", "discarded", "batches", "trained", "published", "retired", "consumed",
+            "evaluated")}
         assigned: dict[int, list] = {}
         abandoned: dict[int, list] = {}
         for stored in events:
@@ -95,6 +98,8 @@ class Provenance:
             elif type(e) is ev.VersionsRetired:
                 for v in e.versions:
                     tables["retired"].setdefault(int(v), seq)
+            elif type(e) is ev.VersionEvaluated:
+                tables["evaluated"].setdefault(e.version, (seq, e))
         return cls(run=run, assigned={k: tuple(v) for k, v in assigned.items()},
                    abandoned={k: tuple(v) for k, v in abandoned.items()}, **tables)
 
@@ -113,12 +118,21 @@ class Provenance:
         doc: dict[str, Any] = {
             "version": v, "digest": pub.digest, "seq": seq, "retired_seq": self.retired.get(v),
             "parent_chain": chain, "origin": self._origin() if v == 0 else f"train step {v}",
-            "step": None, "rollouts": [],
+            "step": None, "rollouts": [], "evaluation": self._evaluation(v),
         }
         if v > 0 and v in self.batches:
             doc["step"] = self.step(v)
             doc["rollouts"] = [self._rollout_row(rid, prompt_text) for rid in self.batches[v][1].rollout_ids]
         return doc
+
+    def _evaluation(self, v: int) -> dict[str, Any] | None:
+        """Version ``v``'s held-out evaluation, or None."""
+        if v not in self.evaluated:
+            return None
+        seq, e = self.evaluated[v]
+        return {"seq": seq, "digest": e.digest, "problems": e.problems, "greedy_pass_rate": e.greedy_pass_rate,
+                "k": e.k, "samples": e.samples, "pass_at_k": e.pass_at_k, "sampled_pass_rate": e.sampled_pass_rate,
+                "evaluator": e.evaluator}
 
     def _origin(self) -> str:
         config = self.run.config if self.run is not None else {}

@@ -62,6 +62,13 @@ def step(console: Console, doc: dict[str, Any], *, rollouts: bool = True) -> Non
         console.print(t)
 
 
+def _evaluation(e: dict[str, Any] | None) -> str | None:
+    if e is None:
+        return None
+    return (f"greedy {e['greedy_pass_rate']:.1%}, pass@{e['k']} {e['pass_at_k']:.1%} ({e['samples']} samples, "
+            f"{e['sampled_pass_rate']:.1%} passed) on {e['problems']} problems (seq {e['seq']})")
+
+
 def version(console: Console, doc: dict[str, Any]) -> None:
     """A version's lineage: parent chain, producing step, batch rollouts."""
     console.print(_pairs(f"version {doc['version']}", [
@@ -69,6 +76,7 @@ def version(console: Console, doc: dict[str, Any]) -> None:
         ("published", f"seq {doc['seq']}"),
         ("retired", None if doc["retired_seq"] is None else f"seq {doc['retired_seq']}"),
         ("origin", doc["origin"]),
+        ("held-out", _evaluation(doc.get("evaluation"))),
     ]))
     t = Table("version", "digest", "published at seq", title="parent chain", title_justify="left")
     for link in doc["parent_chain"]:

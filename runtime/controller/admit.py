@@ -56,13 +56,15 @@ class StateView(Protocol):
     def requests(self) -> Lookup[int, Request]: ...
     @property
     def workers(self) -> Lookup[str, object]: ...
+    @property
+    def due_evaluations(self) -> tuple[tuple[int, str], ...]: ...
 
 
 INPUT_KINDS = frozenset({
     ev.RunStarted, ev.ControllerStarted, ev.WorkerJoined, ev.WorkerLost, ev.RolloutCompleted,
-    ev.RolloutAbandoned, ev.OutcomeRecorded, ev.TrainStepCompleted, ev.WeightsPublished,
+    ev.RolloutAbandoned, ev.OutcomeRecorded, ev.TrainStepCompleted, ev.WeightsPublished, ev.VersionEvaluated,
 })
-"""Event kinds that enter from outside (workers, the clock, the shell)."""
+"""Event kinds that enter from outside (workers, the clock, the shell, the evaluator)."""
 
 DECISION_KINDS = frozenset({
     ev.PromptsSampled, ev.RolloutRequested, ev.RolloutAssigned, ev.GroupDiscarded,
@@ -132,6 +134,24 @@ def _weights(s: StateView, e: ev.WeightsPublished) -> str | None:
     return None
 
 
+def _evaluated(s: StateView, e: ev.VersionEvaluated) -> str | None:
+    v = e.version
+    digest = next((d for version, d in s.due_evaluations if version == v), None)
+    if digest is None:
+        if not 0 <= v <= s.latest:
+            return f"version {v} is not published (latest {s.latest})"
+        return f"version {v} has no evaluation due (evaluated already, or not due under eval.every_steps)"
+    if e.digest != digest:
+        return f"version {v}: weights digest {e.digest[:16]}… is not the one published ({digest[:16]}…)"
+    if not (1 <= e.problems and 1 <= e.k <= e.samples):
+        return f"version {v}: {e.problems} problems, k {e.k} of {e.samples} samples; needs problems >= 1, 1 <= k <= samples"
+    for name in ("greedy_pass_rate", "pass_at_k", "sampled_pass_rate"):
+        rate = getattr(e, name)
+        if type(rate) is not float or not 0.0 <= rate <= 1.0:
+            return f"version {v}: {name} {rate!r} is not a rate in [0, 1]"
+    return None
+
+
 def _worker_joined(s: StateView, e: ev.WorkerJoined) -> str | None:
     if e.worker_id in s.workers:
         return f"worker {e.worker_id!r} is already joined"
@@ -163,6 +183,7 @@ _GUARDS: dict[type, Callable[[StateView, Any], str | None]] = {
     ev.OutcomeRecorded: _outcome,
     ev.TrainStepCompleted: _train_step,
     ev.WeightsPublished: _weights,
+    ev.VersionEvaluated: _evaluated,
 }
 assert frozenset(_GUARDS) == INPUT_KINDS
 _AFTER_FINISH = frozenset({ev.RolloutCompleted, ev.OutcomeRecorded, ev.RolloutAbandoned})

@@ -69,6 +69,7 @@ class _Checker:
         self.requested_batch = 0
         self.open_batches: dict[int, int] = {}  # deterministic: unformed batch -> version
         self.incomplete: dict[int, int] = defaultdict(int)  # version -> live incomplete requests
+        self.evaluated: dict[int, int] = {}  # version -> seq of its VersionEvaluated
 
     def flag(self, inv: str, seq: int, msg: str) -> None:
         self.out.append(Violation(inv, seq, msg))
@@ -237,6 +238,17 @@ class _Checker:
         self.digests[v] = e.digest
         self.latest = max(self.latest, v)
 
+    def _evaluated(self, seq: int, e: ev.VersionEvaluated) -> None:
+        v = e.version
+        if v not in self.digests:
+            self.flag("I8", seq, f"evaluation of version {v}, which is not published")
+        elif e.digest != self.digests[v]:
+            self.flag("I8", seq, f"evaluation of version {v} names weights {e.digest[:16]}…, not the published "
+                                 f"{self.digests[v][:16]}…")
+        if v in self.evaluated:
+            self.flag("I8", seq, f"second evaluation of version {v} (first at seq {self.evaluated[v]})")
+        self.evaluated.setdefault(v, seq)
+
     def _retired(self, seq: int, e: ev.VersionsRetired) -> None:
         spec = self.spec
         for v in e.versions:
@@ -270,6 +282,7 @@ _CHECKS: dict[type, Callable[[_Checker, int, Any], None]] = {
     ev.TrainStepCompleted: _Checker._trained,
     ev.WeightsPublished: _Checker._published,
     ev.VersionsRetired: _Checker._retired,
+    ev.VersionEvaluated: _Checker._evaluated,
 }
 
 NOT_AUDITED: dict[type, str] = {

@@ -62,19 +62,23 @@ class ControllerLoop:
             :meth:`evictable_versions` after a resume.
         clock: seconds, monotonic; used for lease expiry only.
         lease_timeout_s: silence after which a worker is lost and a lease is given up.
+        on_commit: called with the events of each append (inputs and decisions, in ledger order)
+            after the state has advanced, under the loop's lock: it must only queue work (the
+            held-out evaluator and the metrics log of ``rlx run`` listen here).
         snapshot_every: after an append that brings the head this many events past the last
             snapshot, write one (``runtime.controller.snapshot``); 0 never writes any.
     """
 
     def __init__(self, store: EventStore, run_id: str, epoch: int, *, clock: Clock = time.monotonic,
                  lease_timeout_s: float = 120.0, on_retire: Callable[[tuple[int, ...]], None] | None = None,
-                 snapshot_every: int = 0):
+                 snapshot_every: int = 0, on_commit: Callable[[list[ev.Event]], None] | None = None):
         self.store = store
         self.run_id = run_id
         self.epoch = epoch
         self.clock = clock
         self.lease_timeout_s = float(lease_timeout_s)
         self.on_retire = on_retire
+        self.on_commit = on_commit
         self.snapshot_every = int(snapshot_every)
         self.snapshot_seq = 0  # seq of the newest snapshot written or resumed from
         self.snapshot_error: str | None = None  # why the last snapshot write failed, if it did
@@ -184,6 +188,8 @@ class ControllerLoop:
                     self._release(event.worker_id)
                 elif type(event) is ev.TrainStepCompleted:
                     self.last_metrics = dict(event.metrics)
+            if self.on_commit is not None:
+                self.on_commit(batch)
             if self.snapshot_every > 0 and self.head_seq - self.snapshot_seq >= self.snapshot_every:
                 self._snapshot(head.digest)
             self._changed.notify_all()

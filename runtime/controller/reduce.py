@@ -80,6 +80,7 @@ class _Draft:
     version_refs: MapMutation[int, int]
     group_versions: MapMutation[int, int]
     discards: int
+    due_evaluations: tuple[tuple[int, str], ...]
 
     def __init__(self, state: ControllerState) -> None:
         for name, value in zip(ControllerState._fields, state, strict=False):
@@ -343,6 +344,13 @@ def _train_step_completed(d: _Draft, e: ev.TrainStepCompleted) -> None:
 def _weights_published(d: _Draft, e: ev.WeightsPublished) -> None:
     d.versions[e.version] = e.digest
     d.latest = e.version
+    spec = d.spec
+    if spec is not None and spec.evaluated(e.version):  # versions come in order: the tuple stays sorted
+        d.due_evaluations += ((e.version, e.digest),)
+
+
+def _version_evaluated(d: _Draft, e: ev.VersionEvaluated) -> None:
+    d.due_evaluations = tuple(due for due in d.due_evaluations if due[0] != e.version)
 
 
 def _versions_retired(d: _Draft, e: ev.VersionsRetired) -> None:
@@ -377,6 +385,7 @@ _HANDLERS: dict[type, Callable[[_Draft, Any], None]] = {
     ev.BatchFormed: _batch_formed,
     ev.TrainStepCompleted: _train_step_completed,
     ev.WeightsPublished: _weights_published,
+    ev.VersionEvaluated: _version_evaluated,
     ev.VersionsRetired: _versions_retired,
     ev.RunFinished: _run_finished,
 }

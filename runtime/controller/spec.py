@@ -1,7 +1,7 @@
 """What the controller needs to know of a run's config, read from the dict in ``RunStarted``.
 
 The controller reads the stored, resolved config (``runtime.config.Config.to_dict``) through the
-sections it needs (run, data, sampling, scheduling, params), each checked by its own class. It
+sections it needs (run, data, sampling, scheduling, params, eval), each checked by its own class. It
 never builds the whole ``Config``, whose algorithm check imports the JAX kernels' registry:
 folding a ledger needs no JAX.
 """
@@ -37,6 +37,13 @@ class ControllerSpec(NamedTuple):
     keep_newest: int
     sampling: dict
     keep_every: int = 0
+    eval_every: int = 0
+
+    def evaluated(self, version: int) -> bool:
+        """Whether ``version`` is due for held-out evaluation (``eval.every_steps``): every N-th
+        version from version 0 on, and the run's final version; none when N is 0."""
+        n = self.eval_every
+        return n > 0 and 0 <= version <= self.steps and (version % n == 0 or version == self.steps)
 
     def kept(self, version: int) -> bool:
         """Whether retention keeps ``version`` for good (``params.keep_every``).
@@ -92,6 +99,8 @@ class ControllerSpec(NamedTuple):
                 raise SpecError(f"the run's config: {e}") from None
 
         run, data, sampling, scheduling, params = map(section, ("run", "data", "sampling", "scheduling", "params"))
+        # A run recorded before evaluation existed has no eval section: it evaluates nothing.
+        evaluation = section("eval") if isinstance(config, Mapping) and "eval" in config else None
         unset = [name for name, value in (("data.size", data.size),
                                           ("scheduling.filter_groups", scheduling.filter_groups),
                                           ("scheduling.max_groups_per_batch", scheduling.max_groups_per_batch))
@@ -111,4 +120,5 @@ class ControllerSpec(NamedTuple):
             keep_newest=params.keep_newest,
             sampling=sampling.request(),
             keep_every=params.keep_every,
+            eval_every=0 if evaluation is None else evaluation.every_steps,
         )

@@ -155,6 +155,10 @@ class ControllerState(NamedTuple):
         version_refs: live incomplete requests per policy version.
         group_versions: live groups per policy version.
         discards: freshest mode: groups dropped for uniform rewards since the last batch.
+        due_evaluations: (version, digest) of published versions due for held-out evaluation
+            (``ControllerSpec.evaluated``) and not evaluated yet, ascending. Kept past a
+            version's retirement, so a late ``VersionEvaluated`` is still checked against the
+            digest that was published.
     """
 
     spec: ControllerSpec | None = None
@@ -182,6 +186,7 @@ class ControllerState(NamedTuple):
     version_refs: immutables.Map[int, int] = EMPTY
     group_versions: immutables.Map[int, int] = EMPTY
     discards: int = 0
+    due_evaluations: tuple[tuple[int, str], ...] = ()
 
     def evolve(self, **changes: Any) -> ControllerState:
         """A copy with ``changes`` applied (``_with_evolve`` installs a faster one)."""
