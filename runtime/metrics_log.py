@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ledger import events as ev
+from runtime.errors import UsageError
 
 Clock = Callable[[], float]
 
@@ -37,7 +38,10 @@ class TensorBoardLog:
     def __init__(self, logdir: str, *, clock: Clock = time.time) -> None:
         from tensorboardX import SummaryWriter
 
-        self.writer = SummaryWriter(logdir=logdir, flush_secs=10)
+        try:
+            self.writer = SummaryWriter(logdir=logdir, flush_secs=10)
+        except OSError as e:
+            raise UsageError(f"log.tensorboard {logdir!r} cannot be written: {e.strerror or e}") from None
         self.logdir = logdir
         self.clock = clock
         self._lock = threading.Lock()
