@@ -163,7 +163,7 @@ def evaluated_runs(tmp_path_factory):
         out = str(root / f"run{i}")
         summary = run(config, out, progress=False, log=lambda m: None)
         outs.append((out, summary))
-    return outs, str(root / "tb")
+    return outs, str(root / "tb"), config
 
 
 def _stored(out: str):
@@ -247,3 +247,21 @@ def test_tensorboard_logs_hold_train_rollout_throughput_and_eval_scalars(evaluat
     for m in summary["evaluations"]:
         assert scalars["eval/greedy_pass_rate"][m["version"]] == pytest.approx(m["greedy_pass_rate"], rel=1e-6)
         assert scalars["eval/pass_at_k"][m["version"]] == pytest.approx(m["pass_at_k"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_processes_mode_records_the_same_evaluations(evaluated_runs, tmp_path):
+    """The evaluator of a processes-mode run (this process's idle engine) records what the
+    threads-mode runs recorded (an engine of its own): the same events, bit for bit."""
+    from runtime.run import run
+
+    (out, summary), _ = evaluated_runs[0]
+    config = evaluated_runs[2]
+    config = dataclasses.replace(config, workers=dataclasses.replace(config.workers, mode="processes"))
+    other = run(config, str(tmp_path / "run"), progress=False, log=lambda m: None)
+    assert other["final_digest"] == summary["final_digest"]
+    mine = sorted((s.event for s in _stored(str(tmp_path / "run")) if type(s.event) is ev.VersionEvaluated),
+                  key=lambda e: e.version)
+    assert mine == sorted((s.event for s in _stored(out) if type(s.event) is ev.VersionEvaluated),
+                          key=lambda e: e.version)
+    assert [e.version for e in mine] == [0, 2, STEPS]
