@@ -10,7 +10,8 @@ writer's own thread writes the files. Scalars, by tag:
   KL, entropy, staleness, the train batch's ``reward_mean`` and ``pass_rate``, …);
 - ``rollout/reward_mean``, ``rollout/pass_rate`` at the newest trained step: the outcomes
   recorded since the previous step committed (what the verifiers saw, before batching);
-- ``throughput/steps_per_min`` at step ``s``: steps since the log started per minute of wall time;
+- ``throughput/steps_per_min`` at step ``s``: over the last ``RATE_WINDOW`` steps (the first step:
+  since the log started);
 - ``eval/greedy_pass_rate``, ``eval/pass_at_k``, ``eval/sampled_pass_rate`` at step ``v``: the
   ``VersionEvaluated`` of version ``v`` (the weights after step ``v``).
 
@@ -19,6 +20,7 @@ Wall times are when the controller committed each event.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +32,7 @@ from runtime.errors import UsageError
 Clock = Callable[[], float]
 
 EVAL_TAGS = ("greedy_pass_rate", "pass_at_k", "sampled_pass_rate")
+RATE_WINDOW = 10  # steps/min is measured over the last this many steps
 
 
 class TensorBoardLog:
@@ -47,7 +50,7 @@ class TensorBoardLog:
         self._lock = threading.Lock()
         self._closed = False
         self._t0: float | None = None
-        self._first_step: int | None = None
+        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=RATE_WINDOW + 1)
         self._step = 0
         self._rewards: list[float] = []
         self._passed: list[bool] = []
@@ -88,11 +91,12 @@ class TensorBoardLog:
                 self._scalar("rollout/reward_mean", sum(self._rewards) / len(self._rewards), s, wall)
                 self._scalar("rollout/pass_rate", sum(self._passed) / len(self._passed), s, wall)
                 self._rewards, self._passed = [], []
-            if self._first_step is None:
-                self._first_step = s - 1
-            elapsed = wall - self._t0
-            if elapsed > 0:
-                self._scalar("throughput/steps_per_min", 60.0 * (s - self._first_step) / elapsed, s, wall)
+            if not self._recent:  # the first step: since the log started
+                self._recent.append((s - 1, self._t0))
+            self._recent.append((s, wall))
+            first_step, first_wall = self._recent[0]
+            if wall > first_wall:
+                self._scalar("throughput/steps_per_min", 60.0 * (s - first_step) / (wall - first_wall), s, wall)
         elif type(e) is ev.VersionEvaluated:
             for name in EVAL_TAGS:
                 self._scalar(f"eval/{name}", getattr(e, name), e.version, wall)

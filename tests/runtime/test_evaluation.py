@@ -265,3 +265,24 @@ def test_processes_mode_records_the_same_evaluations(evaluated_runs, tmp_path):
     assert mine == sorted((s.event for s in _stored(out) if type(s.event) is ev.VersionEvaluated),
                           key=lambda e: e.version)
     assert [e.version for e in mine] == [0, 2, STEPS]
+
+
+def test_tensorboard_log_writes_each_kind_of_scalar_at_its_step(tmp_path):
+    from runtime.metrics_log import RATE_WINDOW, TensorBoardLog
+
+    times = iter(float(t) for t in range(0, 1000, 6))  # one commit every 6 s
+    log = TensorBoardLog(str(tmp_path), clock=lambda: next(times))
+    log.observe([ev.OutcomeRecorded(0, 1.0, True, "AC", "math", "1"), ev.OutcomeRecorded(1, 0.0, False, "WA", "math", "1"),
+                 ev.WorkerLost("w", "gone")])  # t=0
+    for step in range(1, 13):  # t=6, 12, …, 72
+        log.observe([ev.TrainStepCompleted(step, "b", {"loss": 0.5 * step, "count": 3})])
+    log.observe([_evaluation(10, "d10")])
+    log.close()
+    log.observe([_evaluation(12, "d12")])  # after close: dropped, no error
+    scalars = _scalars(str(tmp_path))
+    assert scalars["train/loss"] == {s: pytest.approx(0.5 * s) for s in range(1, 13)}
+    assert scalars["rollout/reward_mean"] == {1: 0.5} and scalars["rollout/pass_rate"] == {1: 0.5}
+    # 10 steps per 60 s once the window is full; at step 1, one step in the 6 s since the log started.
+    assert scalars["throughput/steps_per_min"][1] == pytest.approx(10.0)
+    assert scalars["throughput/steps_per_min"][12] == pytest.approx(60.0 * RATE_WINDOW / (6 * RATE_WINDOW))
+    assert scalars["eval/pass_at_k"] == {10: 0.75} and scalars["eval/greedy_pass_rate"] == {10: 0.5}
