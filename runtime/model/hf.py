@@ -62,7 +62,7 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
 
 
 def load_hf(path: str | os.PathLike, **overrides: Any) -> Model:
-    """Load a local Hugging Face Llama or Qwen2 checkpoint directory.
+    """Load a local Hugging Face Llama, Mistral, Qwen2 or Qwen3 checkpoint directory.
 
     Args:
       path: the directory.
