@@ -284,6 +284,7 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
         raise UsageError(f"sampling.max_tokens {config.sampling.max_tokens} is too large for this model: the longest "
                          f"prompt ({longest_prompt} tokens) plus it exceeds its {positions} positions "
                          f"(max_position_embeddings); it must be <= {positions - longest_prompt}")
+    model.config.check_sequence_length(width)
     warm_start: dict = {"steps": 0, "cached": False}
     p = config.pretrain
     if warm and p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
