@@ -210,11 +210,23 @@ def build_codec(config: Config):
         if d.chat_template:
             raise UsageError("data.chat_template is true but the built-in model has no chat template; give a "
                              "checkpoint with one (--model / model.path) or set data.chat_template=false")
-        return TextCodec.builtin()
+        codec = TextCodec.builtin()
+    else:
+        codec = _checkpoint_codec(config)
+    recorded = d.chat_template_digest
+    if recorded is not None and codec.template_digest != recorded:
+        raise UsageError(f"the chat template of model.path {config.model.path!r} (sha256 {codec.template_digest}) "
+                         f"is not the one the run was started with (data.chat_template_digest {recorded}): its "
+                         "prompts would differ; restore the checkpoint's tokenizer_config.json")
+    return codec
+
+
+def _checkpoint_codec(config: Config):
     import json
 
     from runtime.model.hf import CONFIG_FILE
     from runtime.model.hf_text import checkpoint_text
+    from runtime.tasks.base import TextCodec
 
     path = _checkpoint_dir(config)
     config_path = os.path.join(path, CONFIG_FILE)
@@ -225,12 +237,7 @@ def build_codec(config: Config):
             raise UsageError(f"{config_path} is not valid JSON: {e}") from None
     if not isinstance(hf, dict):
         raise UsageError(f"{config_path} must hold a JSON object, got {type(hf).__name__}")
-    codec = TextCodec.for_checkpoint(checkpoint_text(path, hf, chat_template=d.chat_template))
-    if d.chat_template_digest is not None and codec.template_digest != d.chat_template_digest:
-        raise UsageError(f"the chat template of model.path {path!r} (sha256 {codec.template_digest}) is not the one "
-                         f"the run was started with (data.chat_template_digest {d.chat_template_digest}): its "
-                         "prompts would differ; restore the checkpoint's tokenizer_config.json")
-    return codec
+    return TextCodec.for_checkpoint(checkpoint_text(path, hf, chat_template=config.data.chat_template))
 
 
 # Above this many prompts a subword tokenizer's counts are not taken one by one.
