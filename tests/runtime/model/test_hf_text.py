@@ -166,6 +166,21 @@ def test_prompts_are_counted_in_tokens(qwen2, data):
         longest_prompt(wide, task, codec, positions=256)
 
 
+def test_a_large_built_in_task_under_a_subword_tokenizer_needs_a_prompt_cap(qwen2):
+    config = load_config(None, [f'model.path="{qwen2}"'])  # arithmetic: 999,500 training prompts
+    codec, task = build_codec(config), make_task(config)
+    with pytest.raises(UsageError, match="has 1000000 prompts, too many to count .* set data.max_prompt_tokens"):
+        longest_prompt(config, task, codec, positions=256)
+    capped = load_config(None, [f'model.path="{qwen2}"', "data.max_prompt_tokens=12"])
+    assert longest_prompt(capped, task, codec, positions=256) == 12
+    codefn = load_config(None, [f'model.path="{qwen2}"', 'data.task="codefn"'])
+    task = make_task(codefn)  # 20,200 prompts: each one encoded
+    expected = max(len(codec.encode_prompt(task.problem(s, i))) for s, n in (("train", task.train_size),
+                                                                             ("eval", task.eval_size))
+                   for i in range(n))
+    assert longest_prompt(codefn, task, codec, positions=256) == expected
+
+
 def test_chat_rendering_matches_transformers(qwen2, data):
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(str(qwen2))
