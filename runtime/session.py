@@ -213,6 +213,8 @@ def build_codec(config: Config):
         codec = TextCodec.builtin()
     else:
         codec = _checkpoint_codec(config)
+    if d.max_prompt_tokens is not None:
+        codec = dataclasses.replace(codec, max_prompt_tokens=d.max_prompt_tokens)
     recorded = d.chat_template_digest
     if recorded is not None and codec.template_digest != recorded:
         raise UsageError(f"the chat template of model.path {config.model.path!r} (sha256 {codec.template_digest}) "
@@ -265,7 +267,7 @@ def longest_prompt(config: Config, task, codec, positions: int) -> int:
         if cap is None:
             raise UsageError(f"task {task.name!r} has {prompts} prompts, too many to count in this tokenizer's "
                              "tokens one by one; set data.max_prompt_tokens to the most tokens a prompt may have")
-        return cap  # a longer prompt is refused by the engine when it is sampled
+        return cap  # the codec refuses a longer prompt when it is encoded
     longest = task.max_prompt_tokens(codec, limit=limit, why=why)
     if longest > limit:
         if cap is None:

@@ -39,6 +39,7 @@ class TextCodec:
       template: a ``runtime.model.chat_template.ChatTemplate``, or None.
       char_level: the tokenizer maps each character to one token (the built-in tokenizer), so a
         prompt's characters bound its tokens without encoding it.
+      max_prompt_tokens: ``data.max_prompt_tokens``: ``encode_prompt`` refuses a longer prompt.
     """
 
     tokenizer: Any
@@ -47,6 +48,7 @@ class TextCodec:
     pad_id: int = PAD_ID
     template: Any = None
     char_level: bool = False
+    max_prompt_tokens: int | None = None
 
     @classmethod
     def builtin(cls) -> TextCodec:
@@ -83,7 +85,11 @@ class TextCodec:
         return np.asarray([*head, *ids], np.int32)
 
     def encode_prompt(self, problem: Problem) -> np.ndarray:
-        return self._with_bos(self.tokenizer.encode(self.prompt_text(problem), add_special_tokens=False).ids)
+        ids = self._with_bos(self.tokenizer.encode(self.prompt_text(problem), add_special_tokens=False).ids)
+        if self.max_prompt_tokens is not None and ids.size > self.max_prompt_tokens:
+            raise UsageError(f"the prompt {problem.prompt[:60]!r} has {ids.size} tokens, more than "
+                             f"data.max_prompt_tokens {self.max_prompt_tokens}")
+        return ids
 
     def encode_prompts(self, problems: Sequence[Problem]) -> list[np.ndarray]:
         """``encode_prompt`` of each problem, encoded as one batch."""

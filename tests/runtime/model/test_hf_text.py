@@ -173,6 +173,9 @@ def test_a_large_built_in_task_under_a_subword_tokenizer_needs_a_prompt_cap(qwen
         longest_prompt(config, task, codec, positions=256)
     capped = load_config(None, [f'model.path="{qwen2}"', "data.max_prompt_tokens=12"])
     assert longest_prompt(capped, task, codec, positions=256) == 12
+    with pytest.raises(UsageError, match=r"the prompt 'What is 3 plus 4\?' has \d+ tokens, more than data.max_prompt"):
+        build_codec(load_config(None, [f'model.path="{qwen2}"', "data.max_prompt_tokens=2"])).encode_prompt(
+            Problem(prompt="What is 3 plus 4?"))
     codefn = load_config(None, [f'model.path="{qwen2}"', 'data.task="codefn"'])
     task = make_task(codefn)  # 20,200 prompts: each one encoded
     expected = max(len(codec.encode_prompt(task.problem(s, i))) for s, n in (("train", task.train_size),
