@@ -62,8 +62,9 @@ def test_rl_with_a_chat_template_replays_bit_exact_and_audits_clean(checkpoint, 
     assert started.config["data"]["chat_template"] is True
     assert started.config["data"]["chat_template_digest"] == hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()
     assert type(finished).__name__ == "RunFinished"
-    report = replay_run(str(out))
+    report = replay_run(str(out), regenerate=True)  # the prompts rebuilt: every rollout sampled again, same tokens
     assert report.match and report.final_digest == finished.final_digest
+    assert report.rollouts_regenerated == 2 * 4 * 4  # steps x groups x group size
     assert main(["audit", str(out), "check"]) == 0
     # Another template would render other prompts: the replay is refused before anything runs.
     config = json.loads((ckpt / "tokenizer_config.json").read_text())
