@@ -75,7 +75,7 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
                       sort_keys=sort_keys)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ChatTemplate:
     """A compiled chat template and the special token strings it may refer to.
 
