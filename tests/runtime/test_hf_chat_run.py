@@ -58,7 +58,9 @@ def test_rl_with_a_chat_template_replays_bit_exact_and_audits_clean(checkpoint, 
     assert code == 0
     with open_store(out) as store:
         events = [s.event for s in store.read("run")]
-    started, finished = events[0], events[-1]
+    started = events[0]
+    finished = next(e for e in events if type(e).__name__ == "RunFinished")  # the final evaluation follows it
+    assert [e.version for e in events if type(e).__name__ == "VersionEvaluated"] == [0, 2]
     assert started.config["data"]["chat_template"] is True
     assert started.config["data"]["chat_template_digest"] == hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()
     assert type(finished).__name__ == "RunFinished"
