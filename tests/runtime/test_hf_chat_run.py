@@ -1,7 +1,8 @@
 """RL on a user's Hugging Face checkpoint with its chat template, end to end: a tiny Qwen2
 checkpoint (random weights, a byte-level BPE tokenizer trained on the task's text, a chat
 template, two end-of-sequence ids) runs ``rlx run --model DIR --data X.jsonl --set
-data.chat_template=true``; the replay is bit-exact and the audit clean. ``rlx pretrain --model``
+data.chat_template=true``; the replay is bit-exact, the audit clean, and the exported final
+version loads in Transformers with the same logits and template. ``rlx pretrain --model``
 warm-starts the same checkpoint into a new one that keeps its tokenizer files."""
 
 from __future__ import annotations
@@ -68,6 +69,23 @@ def test_rl_with_a_chat_template_replays_bit_exact_and_audits_clean(checkpoint, 
     assert report.match and report.final_digest == finished.final_digest
     assert report.rollouts_regenerated == 2 * 4 * 4  # steps x groups x group size
     assert main(["audit", str(out), "check"]) == 0
+    # The final version exported as a checkpoint that Transformers loads, with the run's template.
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from runtime.model import load_hf
+
+    exported = tmp_path / "exported"
+    assert main(["export", str(out), "--version", "2", "--out", str(exported)]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported, torch_dtype=torch.float32).eval()
+    tokens = np.array([[1, 5, 9, 14, 3, 7]], np.int64)
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.from_numpy(tokens)).logits.float().numpy()
+    ours = np.asarray(load_hf(exported).logits(tokens.astype(np.int32)))
+    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+    chat = transformers.AutoTokenizer.from_pretrained(exported)
+    assert chat.chat_template == CHAT_TEMPLATE
     # Another template would render other prompts: the replay is refused before anything runs.
     config = json.loads((ckpt / "tokenizer_config.json").read_text())
     edited = tmp_path / "edited"
