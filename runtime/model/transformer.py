@@ -9,6 +9,10 @@ layer code; they differ only in how a layer attends:
 - ``decode``: one new token per slot; its keys/values are written to its page, then it attends over
   everything cached (paged attention).
 
+For a memory-bounded train step, ``hidden_states`` runs the full-sequence path up to the final norm
+(optionally rematerialising every decoder layer) and ``head_logits`` turns any slice of those
+hidden states into logits, so a caller can compute log-probs a few positions at a time.
+
 ``params`` is the flax parameter tree without the ``{"params": ...}`` wrapper. The KV cache is a
 ``KVCache`` of per-layer page arrays in the layout of ``kernels.paged_attention``.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import flax.linen as nn
 import jax
@@ -64,9 +68,15 @@ def init_cache(
 
 
 class Transformer(nn.Module):
-    """Embedding, ``num_layers`` decoder layers, final RMSNorm, LM head (or tied embedding)."""
+    """Embedding, ``num_layers`` decoder layers, final RMSNorm, LM head (or tied embedding).
+
+    With ``remat`` every decoder layer is rematerialised (``jax.checkpoint``): a backward pass
+    keeps only each layer's input and recomputes the rest, trading one more forward pass for
+    activation memory that no longer grows with the layers' insides. The values are the same.
+    """
 
     config: ModelConfig
+    remat: bool = False
 
     def setup(self):
         c = self.config
@@ -77,7 +87,9 @@ class Transformer(nn.Module):
             param_dtype=c.parameter_dtype,
             embedding_init=weight_init(c),
         )
-        self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
+        # ``attend`` (argument 3, counting self) is a function: static for the checkpoint.
+        layer = nn.remat(DecoderLayer, static_argnums=(3,)) if self.remat else DecoderLayer
+        self.layers = [layer(c, name=f"layers_{i}") for i in range(c.num_layers)]
         self.norm = RMSNorm(c)
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -94,8 +106,10 @@ class Transformer(nn.Module):
         positions_BT: jax.Array,
         attends: Sequence[Attend],
         select_B: jax.Array | None = None,
+        head: bool = True,
     ) -> tuple[jax.Array, list[object]]:
-        """Float32 logits ``[B, T, V]`` (or ``[B, V]`` at ``select_B``) and each layer's state."""
+        """Float32 logits ``[B, T, V]`` (or ``[B, V]`` at ``select_B``) and each layer's state;
+        without ``head``, the final-normed hidden states ``[B, T, D]`` in the compute dtype."""
         h_BTD = self.embed_tokens(tokens_BT.astype(jnp.int32))
         states = []
         for layer, attend in zip(self.layers, attends, strict=True):
@@ -106,11 +120,15 @@ class Transformer(nn.Module):
                 :, 0
             ]
         h_BTD = self.norm(h_BTD)
+        return (self.head(h_BTD) if head else h_BTD), states
+
+    def head(self, h_XD: jax.Array) -> jax.Array:
+        """Float32 logits ``[..., V]`` of final-normed hidden states ``[..., D]``."""
         if self.config.tie_word_embeddings:
-            logits = self.embed_tokens.attend(h_BTD)
+            logits = self.embed_tokens.attend(h_XD)
         else:
-            logits = self.lm_head(h_BTD)
-        return logits.astype(jnp.float32), states
+            logits = self.lm_head(h_XD)
+        return logits.astype(jnp.float32)
 
 
 def init_params(config: ModelConfig, *, key: jax.Array) -> dict:
@@ -131,6 +149,15 @@ def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None):
     return Transformer(config).apply({"params": params}, tokens_BT, positions_BT, attends, select_B)
 
 
+def _dense_inputs(config: ModelConfig, tokens_BT, attention_mask_BT):
+    """Positions and per-layer dense attention of a padded batch (see ``forward``)."""
+    if attention_mask_BT is None:
+        attention_mask_BT = jnp.ones(tokens_BT.shape, bool)
+    valid_BT = attention_mask_BT.astype(bool)
+    positions_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0)
+    return positions_BT, [_dense_attend(config, causal_mask(valid_BT))] * config.num_layers
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def forward(
     params: dict,
@@ -146,13 +173,36 @@ def forward(
     tokens before it, and a query attends to real keys at or before it. Logits at padding
     positions are finite but meaningless.
     """
-    if attention_mask_BT is None:
-        attention_mask_BT = jnp.ones(tokens_BT.shape, bool)
-    valid_BT = attention_mask_BT.astype(bool)
-    positions_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0)
-    attends = [_dense_attend(config, causal_mask(valid_BT))] * config.num_layers
+    positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
     logits_BTV, _ = _apply(config, params, tokens_BT, positions_BT, attends)
     return logits_BTV
+
+
+@functools.partial(jax.jit, static_argnames=("config", "remat"))
+def hidden_states(
+    params: dict,
+    tokens_BT: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+    remat: bool = False,
+) -> jax.Array:
+    """Final-normed hidden states ``[B, T, D]`` (compute dtype): ``forward`` without its head.
+
+    ``head_logits(params, hidden_states(...))`` are ``forward``'s logits up to the rounding of
+    matmuls of other shapes. ``remat`` rematerialises every decoder layer under differentiation.
+    """
+    positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
+    h_BTD, _ = Transformer(config, remat=remat).apply(
+        {"params": params}, tokens_BT, positions_BT, attends, head=False
+    )
+    return h_BTD
+
+
+def head_logits(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """Float32 logits ``[..., V]`` of final-normed hidden states ``[..., D]`` (the LM head)."""
+    logits = Transformer(config).apply({"params": params}, h_XD, method=Transformer.head)
+    return cast(jax.Array, logits)
 
 
 def _write_attend(k_pages, v_pages, positions_BT, page_indices_BP, valid_BT, attention) -> Attend:

@@ -125,7 +125,7 @@ def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, seed:
     """``warm_start`` through an on-disk cache; returns (model, checkpoint dir, loaded_from_cache)."""
     path = os.path.join(cache_dir, cache_key(model, task, config, seed, width))
     if os.path.isfile(os.path.join(path, "config.json")):
-        loaded = load_hf(path)
+        loaded = load_hf(path, dtype=model.config.dtype)  # a checkpoint keeps no compute dtype
         return loaded, path, True
     trained, _ = warm_start(model, task, config, seed=seed, width=width, progress=progress)
     tmp = path + f".tmp{os.getpid()}"
@@ -135,7 +135,7 @@ def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, seed:
         os.rename(tmp, path)
     except OSError:  # another process finished first: use its copy
         pass
-    return load_hf(path), path, False
+    return load_hf(path, dtype=model.config.dtype), path, False
 
 
 __all__ = ["cached_warm_start", "pack_supervised", "warm_start"]
