@@ -26,6 +26,7 @@ from typing import NamedTuple, cast
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels.attention import causal_mask, dense_attention
 from kernels.kv_pages import write_pages
@@ -68,15 +69,9 @@ def init_cache(
 
 
 class Transformer(nn.Module):
-    """Embedding, ``num_layers`` decoder layers, final RMSNorm, LM head (or tied embedding).
-
-    With ``remat`` every decoder layer is rematerialised (``jax.checkpoint``): a backward pass
-    keeps only each layer's input and recomputes the rest, trading one more forward pass for
-    activation memory that no longer grows with the layers' insides. The values are the same.
-    """
+    """Embedding, ``num_layers`` decoder layers, final RMSNorm, LM head (or tied embedding)."""
 
     config: ModelConfig
-    remat: bool = False
 
     def setup(self):
         c = self.config
@@ -87,9 +82,7 @@ class Transformer(nn.Module):
             param_dtype=c.parameter_dtype,
             embedding_init=weight_init(c),
         )
-        # ``attend`` (argument 3, counting self) is a function: static for the checkpoint.
-        layer = nn.remat(DecoderLayer, static_argnums=(3,)) if self.remat else DecoderLayer
-        self.layers = [layer(c, name=f"layers_{i}") for i in range(c.num_layers)]
+        self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
         self.norm = RMSNorm(c)
         if not c.tie_word_embeddings:
             self.lm_head = nn.Dense(
@@ -149,11 +142,19 @@ def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None):
     return Transformer(config).apply({"params": params}, tokens_BT, positions_BT, attends, select_B)
 
 
+def _valid(tokens_BT, attention_mask_BT):
+    if attention_mask_BT is None:
+        return jnp.ones(tokens_BT.shape, bool)
+    return attention_mask_BT.astype(bool)
+
+
+def _causal(tokens_BT, attention_mask_BT):
+    return causal_mask(_valid(tokens_BT, attention_mask_BT))
+
+
 def _dense_inputs(config: ModelConfig, tokens_BT, attention_mask_BT):
     """Positions and per-layer dense attention of a padded batch (see ``forward``)."""
-    if attention_mask_BT is None:
-        attention_mask_BT = jnp.ones(tokens_BT.shape, bool)
-    valid_BT = attention_mask_BT.astype(bool)
+    valid_BT = _valid(tokens_BT, attention_mask_BT)
     positions_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0)
     return positions_BT, [_dense_attend(config, causal_mask(valid_BT))] * config.num_layers
 
@@ -178,6 +179,41 @@ def forward(
     return logits_BTV
 
 
+def _layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS):
+    attend = _dense_attend(config, mask_BTS)
+    h_BTD, _ = DecoderLayer(config).apply({"params": layer_params}, h_BTD, positions_BT, attend)
+    return h_BTD
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _remat_layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS):
+    """One decoder layer whose backward pass recomputes it from its input (rematerialisation)."""
+    return _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+
+
+def _remat_layer_fwd(config, layer_params, h_BTD, positions_BT, mask_BTS):
+    out_BTD = _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+    return out_BTD, (layer_params, h_BTD, positions_BT, mask_BTS)
+
+
+def _remat_layer_bwd(config, residuals, g_BTD):
+    layer_params, h_BTD, positions_BT, mask_BTS = residuals
+    # ``jax.checkpoint`` alone does not bound memory on XLA:CPU, which merges the recomputation
+    # with the forward pass (or runs it early) and so keeps every layer's attention weights. Adding
+    # 0·g (not foldable: it is NaN for an infinite g) makes the recomputation wait for this
+    # layer's cotangent and differ from the forward pass, so one layer's insides live at a time.
+    h_BTD = h_BTD + (g_BTD.reshape(-1)[0] * 0).astype(h_BTD.dtype)
+    _, vjp = jax.vjp(
+        lambda p, h: _layer(config, p, h, positions_BT, mask_BTS), layer_params, h_BTD
+    )
+    d_params, d_h_BTD = vjp(g_BTD)
+    no_cotangent = [np.zeros(x.shape, jax.dtypes.float0) for x in (positions_BT, mask_BTS)]
+    return (d_params, d_h_BTD, *no_cotangent)
+
+
+_remat_layer.defvjp(_remat_layer_fwd, _remat_layer_bwd)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "remat"))
 def hidden_states(
     params: dict,
@@ -193,10 +229,18 @@ def hidden_states(
     matmuls of other shapes. ``remat`` rematerialises every decoder layer under differentiation.
     """
     positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
-    h_BTD, _ = Transformer(config, remat=remat).apply(
-        {"params": params}, tokens_BT, positions_BT, attends, head=False
+    model = Transformer(config)
+    if not remat:
+        h_BTD, _ = model.apply({"params": params}, tokens_BT, positions_BT, attends, head=False)
+        return h_BTD
+    # The same computation as Transformer.__call__, with each layer applied on its own.
+    h_BTD = model.apply(
+        {"params": params}, tokens_BT, method=lambda m, t: m.embed_tokens(t.astype(jnp.int32))
     )
-    return h_BTD
+    mask_BTS = _causal(tokens_BT, attention_mask_BT)
+    for i in range(config.num_layers):
+        h_BTD = _remat_layer(config, params[f"layers_{i}"], h_BTD, positions_BT, mask_BTS)
+    return cast(jax.Array, model.apply({"params": params}, h_BTD, method=lambda m, h: m.norm(h)))
 
 
 def head_logits(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:
