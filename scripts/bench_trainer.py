@@ -1,7 +1,7 @@
 """Train step memory and throughput: a Qwen2.5-0.5B-shaped step's memory, the demo's step speed.
 
 Usage: python scripts/bench_trainer.py [--rows 256 32] [--width 1024] [--micro-batch 4]
-                                       [--logits-chunk 128] [--repeats 7] [--baseline-ref main]
+                                       [--logits-chunk 32] [--repeats 7] [--baseline-ref main]
                                        [--no-memory] [--no-speed]
 
 Memory: a decoder of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query heads, 2 kv heads,
@@ -193,7 +193,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[256, 32])
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--logits-chunk", type=int, default=128)
+    parser.add_argument("--logits-chunk", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--baseline-ref", default="main")
     parser.add_argument("--no-memory", action="store_true")

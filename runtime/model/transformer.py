@@ -142,21 +142,18 @@ def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None):
     return Transformer(config).apply({"params": params}, tokens_BT, positions_BT, attends, select_B)
 
 
-def _valid(tokens_BT, attention_mask_BT):
+def _positions_and_mask(shape_BT, attention_mask_BT):
+    """Positions and the causal attention mask of a padded batch (see ``forward``)."""
     if attention_mask_BT is None:
-        return jnp.ones(tokens_BT.shape, bool)
-    return attention_mask_BT.astype(bool)
-
-
-def _causal(tokens_BT, attention_mask_BT):
-    return causal_mask(_valid(tokens_BT, attention_mask_BT))
+        attention_mask_BT = jnp.ones(shape_BT, bool)
+    valid_BT = attention_mask_BT.astype(bool)
+    return jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0), causal_mask(valid_BT)
 
 
 def _dense_inputs(config: ModelConfig, tokens_BT, attention_mask_BT):
     """Positions and per-layer dense attention of a padded batch (see ``forward``)."""
-    valid_BT = _valid(tokens_BT, attention_mask_BT)
-    positions_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0)
-    return positions_BT, [_dense_attend(config, causal_mask(valid_BT))] * config.num_layers
+    positions_BT, mask_BTS = _positions_and_mask(tokens_BT.shape, attention_mask_BT)
+    return positions_BT, [_dense_attend(config, mask_BTS)] * config.num_layers
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -228,19 +225,44 @@ def hidden_states(
     ``head_logits(params, hidden_states(...))`` are ``forward``'s logits up to the rounding of
     matmuls of other shapes. ``remat`` rematerialises every decoder layer under differentiation.
     """
-    positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
-    model = Transformer(config)
     if not remat:
-        h_BTD, _ = model.apply({"params": params}, tokens_BT, positions_BT, attends, head=False)
+        positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
+        h_BTD, _ = Transformer(config).apply(
+            {"params": params}, tokens_BT, positions_BT, attends, head=False
+        )
         return h_BTD
-    # The same computation as Transformer.__call__, with each layer applied on its own.
-    h_BTD = model.apply(
+    return decoder(params, embed(params, tokens_BT, config=config), attention_mask_BT,
+                   config=config, remat=True)
+
+
+def embed(params: dict, tokens_BT: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """The token embeddings ``[B, T, D]`` (compute dtype) that the first layer reads."""
+    h_BTD = Transformer(config).apply(
         {"params": params}, tokens_BT, method=lambda m, t: m.embed_tokens(t.astype(jnp.int32))
     )
-    mask_BTS = _causal(tokens_BT, attention_mask_BT)
+    return cast(jax.Array, h_BTD)
+
+
+def decoder(
+    params: dict,
+    h_BTD: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+    remat: bool = True,
+) -> jax.Array:
+    """The decoder layers and the final norm over embeddings ``h_BTD``: ``hidden_states`` from
+    ``embed``'s output, each layer applied on its own (rematerialised with ``remat``). Reads no
+    embedding or LM head parameters, so a caller can differentiate it without them."""
+    positions_BT, mask_BTS = _positions_and_mask(h_BTD.shape[:2], attention_mask_BT)
     for i in range(config.num_layers):
-        h_BTD = _remat_layer(config, params[f"layers_{i}"], h_BTD, positions_BT, mask_BTS)
-    return cast(jax.Array, model.apply({"params": params}, h_BTD, method=lambda m, h: m.norm(h)))
+        layer_params = params[f"layers_{i}"]
+        if remat:
+            h_BTD = _remat_layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+        else:
+            h_BTD = _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+    norm = RMSNorm(config).apply({"params": params["norm"]}, h_BTD)
+    return cast(jax.Array, norm)
 
 
 def head_logits(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:

@@ -24,8 +24,9 @@ logits ``[B, T, V]``. Three settings bound its memory, each independent of the o
   micro-batch (forward only); the objective then runs on the whole batch as it does without
   micro-batches (advantages, group statistics, normalisers, KTO's reference point, DPO's pairs
   are all whole-batch quantities) and gives the loss, its metrics and the cotangent
-  ``∂L/∂ℓ [B, T-1]``; the second pass accumulates each micro-batch's ``vjp`` of that cotangent,
-  in micro-batch order (``lax.scan``). Loss and gradient are the whole batch's up to float
+  ``∂L/∂ℓ [B, T-1]``; the second pass adds each micro-batch's ``Σ ∂L/∂ℓ · ∇θ ℓ`` to the
+  gradient, in micro-batch order (``lax.scan``; ``runtime.trainer.accumulate``, which writes the
+  LM head's and the embedding's gradients into the accumulator in place). Loss and gradient are the whole batch's up to float
   rounding; the same configuration always gives the same bits. It costs one more forward pass.
 
 ``model.dtype = "bfloat16"`` (with float32 ``param_dtype``) computes in bfloat16 from float32
@@ -52,6 +53,7 @@ from kernels.reward_shaping import overlong_penalty
 from runtime.errors import UsageError
 from runtime.model import ModelConfig, forward
 from runtime.model.transformer import head_logits, hidden_states
+from runtime.trainer.accumulate import accumulate
 from runtime.trainer.batch import TrainBatch
 
 sg = jax.lax.stop_gradient
@@ -315,18 +317,22 @@ def train_step(
             logp_BS, entropy_BS
         )
 
-        def accumulate(grads, inputs):
+        chunk = config.logits_chunk if config.logits_chunk > 0 else batch.tokens_BT.shape[1] - 1
+
+        def step_micro_batch(grads, inputs):
             tokens_bT, attention_bT, cotangent_bS = inputs
-            _, vjp = jax.vjp(
-                lambda p: _token_logprobs(p, tokens_bT, attention_bT, config)[0], params
+            grads = accumulate(
+                grads, params, tokens_bT, attention_bT, cotangent_bS, config=config.model,
+                chunk=chunk, temperature=config.temperature, remat=config.remat,
             )
-            (micro_grads,) = vjp(cotangent_bS)
-            return jax.tree.map(jnp.add, grads, micro_grads), None
+            return grads, None
 
         micro_batches = (
             _split(batch.tokens_BT, n), _split(batch.attention_BT, n), _split(cotangent_BS, n)
         )
-        grads, _ = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, params), micro_batches)
+        grads, _ = jax.lax.scan(
+            step_micro_batch, jax.tree.map(jnp.zeros_like, params), micro_batches
+        )
     updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     metrics.update(

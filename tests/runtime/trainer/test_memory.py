@@ -173,3 +173,12 @@ def test_micro_batches_bound_the_step_memory():
     assert large <= 1.05 * small
     # The plain step holds [B, S, V] float32 logits (and their gradient): 64 rows × 7 × 4096 × 4.
     assert temp_bytes(64) - temp_bytes(8) > 56 * 7 * 4096 * 4
+
+
+def test_tied_embeddings_take_the_head_and_the_lookup_gradient():
+    """A tied embedding is both the lookup and the LM head: the micro-batched step adds both
+    gradients into one leaf (``runtime.trainer.accumulate``), as autodiff of the plain step does."""
+    tied = MODEL.replace(tie_word_embeddings=True)
+    params = init_params(tied, key=jax.random.key(3))
+    whole = _step("grpo", model=tied, params=params)
+    _assert_equivalent(whole, _step("grpo", model=tied, params=params, **BOUNDED))
