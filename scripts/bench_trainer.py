@@ -117,6 +117,7 @@ def load_baseline_step(ref: str):
     spec = importlib.util.spec_from_file_location("baseline_step", f.name)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     os.unlink(f.name)
     return module
