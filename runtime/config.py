@@ -158,7 +158,11 @@ class RunConfig(Section):
 class ModelConfig(Section):
     """The policy: a local Hugging Face checkpoint directory, or None for the built-in model,
     a decoder of the given shape initialised with normal(0, ``initializer_range``) weights.
-    The shape fields are named as ``runtime.model.ModelConfig``'s, which they become."""
+    The shape fields are named as ``runtime.model.ModelConfig``'s, which they become.
+
+    ``dtype`` is the compute dtype of trainer and inference engine alike (``bfloat16``: bfloat16
+    matmuls from float32 master weights and optimizer state; norms, softmax and log-probs stay
+    float32), for the built-in model and a checkpoint alike."""
 
     NAME = "model"
     path: str | None = None
@@ -169,8 +173,12 @@ class ModelConfig(Section):
     intermediate_size: int = 512
     max_position_embeddings: int = 256
     initializer_range: float = 0.08
+    dtype: str = "float32"
 
     def check(self) -> None:
+        from runtime.model.config import DTYPES
+
+        self._choice("dtype", DTYPES)
         for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
                      "max_position_embeddings"):
             self._at_least(name, 1)
@@ -316,13 +324,21 @@ class SchedulingConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(Section):
-    """The optimizer of the train step (AdamW with warm-up and global-norm clipping)."""
+    """The optimizer of the train step (AdamW with warm-up and global-norm clipping) and how the
+    step bounds its memory (``runtime.trainer.step``): ``micro_batch_size`` rows per gradient
+    micro-batch (0: the whole batch at once; else a divisor of the batch size), log-probs
+    ``logits_chunk`` positions at a time (0: all at once, a ``[rows, width, vocab]`` float32
+    array), and ``remat``: recompute each decoder layer in the backward pass. The defaults give
+    the plain step's bits; other settings change the last bits, never the loss or the gradient."""
 
     NAME = "trainer"
     learning_rate: float = 2e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
+    micro_batch_size: int = 0
+    logits_chunk: int = 0
+    remat: bool = False
 
     def check(self) -> None:
         if self.learning_rate <= 0.0:
@@ -330,6 +346,8 @@ class TrainerConfig(Section):
         self._at_least("weight_decay", 0.0)
         self._at_least("max_grad_norm", 0.0)
         self._at_least("warmup_steps", 0)
+        self._at_least("micro_batch_size", 0)
+        self._at_least("logits_chunk", 0)
 
 
 PROCESSES = "processes"
@@ -493,6 +511,12 @@ class Config:
 
     def __post_init__(self) -> None:
         self.objective()  # the registry rejects unknown options and invalid combinations
+        rows = self.scheduling.groups_per_batch * self.sampling.group_size
+        micro = self.trainer.micro_batch_size
+        if micro and rows % micro:
+            raise _fail("trainer.micro_batch_size", micro,
+                        f"it must be 0 (the whole batch) or divide the batch of {rows} rows "
+                        "(scheduling.groups_per_batch × sampling.group_size)")
 
     def objective(self) -> Any:
         """The configured objective (``kernels.objectives.configure``) of this run.

@@ -178,7 +178,7 @@ def _initial_model(config: Config):
 
     if config.model.path is not None:
         path = _checkpoint_dir(config)
-        model = load_hf(path)
+        model = load_hf(path, dtype=config.model.dtype)
         if model.tokenizer is None:
             raise UsageError(f"model.path {path!r} has no tokenizer.json")
         return model
@@ -288,6 +288,7 @@ def step_config(config: Config, model):
         model=model.config, objective=config.objective(),
         learning_rate=t.learning_rate, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, temperature=config.sampling.temperature,
+        micro_batch_size=t.micro_batch_size, logits_chunk=t.logits_chunk, remat=t.remat,
     )
 
 

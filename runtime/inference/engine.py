@@ -62,6 +62,23 @@ def _shape_of(tree):
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
+def compute_params(params: dict, config) -> dict:
+    """``params`` as the engine holds them: every weight in the compute dtype, cast once here.
+
+    The layers cast each weight to the compute dtype where they use it, so the cast changes no
+    value the trainer computes from float32 master weights; only RMSNorm scales stay as they are,
+    because the norm multiplies in the wider of its scale's and its input's dtype.
+    """
+    dtype = config.compute_dtype
+
+    def cast(path, x):
+        if x.dtype == dtype or path[-1].key == "scale" or not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x.astype(dtype)
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
 class Engine:
     """Generates completions with continuous batching (see the module docstring).
 
@@ -125,7 +142,8 @@ class Engine:
             )
         self.attention_impl = attention_impl
         self.decode_steps = _positive_int("decode_steps", decode_steps)
-        self._params = jax.device_put(model.params)
+        self._given_shape = _shape_of(model.params)
+        self._params = jax.device_put(compute_params(model.params, self.config))
         self._params_shape = _shape_of(self._params)
         self._compile()
         self._reset_buffers()
@@ -192,12 +210,12 @@ class Engine:
 
     def update_params(self, params: dict) -> None:
         """Generate with other weights of the same shapes and dtypes (no recompilation)."""
-        if _shape_of(params) != self._params_shape:
+        if _shape_of(params) != self._given_shape:
             raise UsageError(
                 "the new parameters do not match the engine's model: the tree structure, shapes "
                 "and dtypes must be those the engine was built with"
             )
-        self._params = jax.device_put(params)
+        self._params = jax.device_put(compute_params(params, self.config))
 
     # -- requests --------------------------------------------------------------------------
 

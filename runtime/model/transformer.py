@@ -9,6 +9,10 @@ layer code; they differ only in how a layer attends:
 - ``decode``: one new token per slot; its keys/values are written to its page, then it attends over
   everything cached (paged attention).
 
+For a memory-bounded train step, ``hidden_states`` runs the full-sequence path up to the final norm
+(optionally rematerialising every decoder layer) and ``head_logits`` turns any slice of those
+hidden states into logits, so a caller can compute log-probs a few positions at a time.
+
 ``params`` is the flax parameter tree without the ``{"params": ...}`` wrapper. The KV cache is a
 ``KVCache`` of per-layer page arrays in the layout of ``kernels.paged_attention``.
 """
@@ -17,11 +21,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels.attention import causal_mask, dense_attention
 from kernels.kv_pages import write_pages
@@ -94,8 +99,10 @@ class Transformer(nn.Module):
         positions_BT: jax.Array,
         attends: Sequence[Attend],
         select_B: jax.Array | None = None,
+        head: bool = True,
     ) -> tuple[jax.Array, list[object]]:
-        """Float32 logits ``[B, T, V]`` (or ``[B, V]`` at ``select_B``) and each layer's state."""
+        """Float32 logits ``[B, T, V]`` (or ``[B, V]`` at ``select_B``) and each layer's state;
+        without ``head``, the final-normed hidden states ``[B, T, D]`` in the compute dtype."""
         h_BTD = self.embed_tokens(tokens_BT.astype(jnp.int32))
         states = []
         for layer, attend in zip(self.layers, attends, strict=True):
@@ -106,11 +113,15 @@ class Transformer(nn.Module):
                 :, 0
             ]
         h_BTD = self.norm(h_BTD)
+        return (self.head(h_BTD) if head else h_BTD), states
+
+    def head(self, h_XD: jax.Array) -> jax.Array:
+        """Float32 logits ``[..., V]`` of final-normed hidden states ``[..., D]``."""
         if self.config.tie_word_embeddings:
-            logits = self.embed_tokens.attend(h_BTD)
+            logits = self.embed_tokens.attend(h_XD)
         else:
-            logits = self.lm_head(h_BTD)
-        return logits.astype(jnp.float32), states
+            logits = self.lm_head(h_XD)
+        return logits.astype(jnp.float32)
 
 
 def init_params(config: ModelConfig, *, key: jax.Array) -> dict:
@@ -131,6 +142,20 @@ def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None):
     return Transformer(config).apply({"params": params}, tokens_BT, positions_BT, attends, select_B)
 
 
+def _positions_and_mask(shape_BT, attention_mask_BT):
+    """Positions and the causal attention mask of a padded batch (see ``forward``)."""
+    if attention_mask_BT is None:
+        attention_mask_BT = jnp.ones(shape_BT, bool)
+    valid_BT = attention_mask_BT.astype(bool)
+    return jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0), causal_mask(valid_BT)
+
+
+def _dense_inputs(config: ModelConfig, tokens_BT, attention_mask_BT):
+    """Positions and per-layer dense attention of a padded batch (see ``forward``)."""
+    positions_BT, mask_BTS = _positions_and_mask(tokens_BT.shape, attention_mask_BT)
+    return positions_BT, [_dense_attend(config, mask_BTS)] * config.num_layers
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def forward(
     params: dict,
@@ -146,13 +171,104 @@ def forward(
     tokens before it, and a query attends to real keys at or before it. Logits at padding
     positions are finite but meaningless.
     """
-    if attention_mask_BT is None:
-        attention_mask_BT = jnp.ones(tokens_BT.shape, bool)
-    valid_BT = attention_mask_BT.astype(bool)
-    positions_BT = jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0)
-    attends = [_dense_attend(config, causal_mask(valid_BT))] * config.num_layers
+    positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
     logits_BTV, _ = _apply(config, params, tokens_BT, positions_BT, attends)
     return logits_BTV
+
+
+def _layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS):
+    attend = _dense_attend(config, mask_BTS)
+    h_BTD, _ = DecoderLayer(config).apply({"params": layer_params}, h_BTD, positions_BT, attend)
+    return h_BTD
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _remat_layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS):
+    """One decoder layer whose backward pass recomputes it from its input (rematerialisation)."""
+    return _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+
+
+def _remat_layer_fwd(config, layer_params, h_BTD, positions_BT, mask_BTS):
+    out_BTD = _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+    return out_BTD, (layer_params, h_BTD, positions_BT, mask_BTS)
+
+
+def _remat_layer_bwd(config, residuals, g_BTD):
+    layer_params, h_BTD, positions_BT, mask_BTS = residuals
+    # ``jax.checkpoint`` alone does not bound memory on XLA:CPU, which merges the recomputation
+    # with the forward pass (or runs it early) and so keeps every layer's attention weights. Adding
+    # 0·g (not foldable: it is NaN for an infinite g) makes the recomputation wait for this
+    # layer's cotangent and differ from the forward pass, so one layer's insides live at a time.
+    h_BTD = h_BTD + (g_BTD.reshape(-1)[0] * 0).astype(h_BTD.dtype)
+    _, vjp = jax.vjp(
+        lambda p, h: _layer(config, p, h, positions_BT, mask_BTS), layer_params, h_BTD
+    )
+    d_params, d_h_BTD = vjp(g_BTD)
+    no_cotangent = [np.zeros(x.shape, jax.dtypes.float0) for x in (positions_BT, mask_BTS)]
+    return (d_params, d_h_BTD, *no_cotangent)
+
+
+_remat_layer.defvjp(_remat_layer_fwd, _remat_layer_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "remat"))
+def hidden_states(
+    params: dict,
+    tokens_BT: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+    remat: bool = False,
+) -> jax.Array:
+    """Final-normed hidden states ``[B, T, D]`` (compute dtype): ``forward`` without its head.
+
+    ``head_logits(params, hidden_states(...))`` are ``forward``'s logits up to the rounding of
+    matmuls of other shapes. ``remat`` rematerialises every decoder layer under differentiation.
+    """
+    if not remat:
+        positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
+        h_BTD, _ = Transformer(config).apply(
+            {"params": params}, tokens_BT, positions_BT, attends, head=False
+        )
+        return h_BTD
+    return decoder(params, embed(params, tokens_BT, config=config), attention_mask_BT,
+                   config=config, remat=True)
+
+
+def embed(params: dict, tokens_BT: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """The token embeddings ``[B, T, D]`` (compute dtype) that the first layer reads."""
+    h_BTD = Transformer(config).apply(
+        {"params": params}, tokens_BT, method=lambda m, t: m.embed_tokens(t.astype(jnp.int32))
+    )
+    return cast(jax.Array, h_BTD)
+
+
+def decoder(
+    params: dict,
+    h_BTD: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+    remat: bool = True,
+) -> jax.Array:
+    """The decoder layers and the final norm over embeddings ``h_BTD``: ``hidden_states`` from
+    ``embed``'s output, each layer applied on its own (rematerialised with ``remat``). Reads no
+    embedding or LM head parameters, so a caller can differentiate it without them."""
+    positions_BT, mask_BTS = _positions_and_mask(h_BTD.shape[:2], attention_mask_BT)
+    for i in range(config.num_layers):
+        layer_params = params[f"layers_{i}"]
+        if remat:
+            h_BTD = _remat_layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+        else:
+            h_BTD = _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+    norm = RMSNorm(config).apply({"params": params["norm"]}, h_BTD)
+    return cast(jax.Array, norm)
+
+
+def head_logits(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """Float32 logits ``[..., V]`` of final-normed hidden states ``[..., D]`` (the LM head)."""
+    logits = Transformer(config).apply({"params": params}, h_XD, method=Transformer.head)
+    return cast(jax.Array, logits)
 
 
 def _write_attend(k_pages, v_pages, positions_BT, page_indices_BP, valid_BT, attention) -> Attend:

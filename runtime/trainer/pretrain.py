@@ -133,7 +133,7 @@ def cached_warm_start(model: Model, task: Task, codec: TextCodec, config: Pretra
     """``warm_start`` through an on-disk cache; returns (model, checkpoint dir, loaded_from_cache)."""
     path = os.path.join(cache_dir, cache_key(model, task, config, seed, width, codec))
     if os.path.isfile(os.path.join(path, "config.json")):
-        loaded = load_hf(path)
+        loaded = load_hf(path, dtype=model.config.dtype)  # a checkpoint keeps no compute dtype
         return loaded, path, True
     trained, _ = warm_start(model, task, codec, config, seed=seed, width=width, progress=progress)
     tmp = path + f".tmp{os.getpid()}"
@@ -143,7 +143,7 @@ def cached_warm_start(model: Model, task: Task, codec: TextCodec, config: Pretra
         os.rename(tmp, path)
     except OSError:  # another process finished first: use its copy
         pass
-    return load_hf(path), path, False
+    return load_hf(path, dtype=model.config.dtype), path, False
 
 
 __all__ = ["cached_warm_start", "pack_supervised", "warm_start"]

@@ -10,6 +10,28 @@ Old log-probs: ``π_old`` is the policy each rollout was sampled from. Rows samp
 version being trained (on-policy, ``current_B``) use the step's own forward pass; older rows use
 ``logp_old_BS`` recomputed by :func:`score` with that version's weights. The difference between
 the recomputed old log-probs and the engine's (``behaviour``) is the inference/trainer mismatch.
+
+Memory. By default the step is one forward and backward pass over the whole batch, with float32
+logits ``[B, T, V]``. Three settings bound its memory, each independent of the others:
+
+- ``logits_chunk``: log-probs ``logits_chunk`` positions at a time, each chunk's logits
+  computed from the hidden states under ``jax.checkpoint`` (the backward pass recomputes them),
+  so no ``[B, T, V]`` array exists, only ``[rows, logits_chunk, V]``.
+- ``remat``: every decoder layer rematerialised in the backward pass.
+- ``micro_batch_size``: the batch in micro-batches of that many rows, in two passes. Every
+  objective depends on the parameters only through the log-probs ``ℓ`` of the batch, so
+  ``∇θ L = Σ_{b,t} ∂L/∂ℓ_{b,t} · ∇θ ℓ_{b,t}``. The first pass computes ``ℓ`` micro-batch by
+  micro-batch (forward only); the objective then runs on the whole batch as it does without
+  micro-batches (advantages, group statistics, normalisers, KTO's reference point, DPO's pairs
+  are all whole-batch quantities) and gives the loss, its metrics and the cotangent
+  ``∂L/∂ℓ [B, T-1]``; the second pass adds each micro-batch's ``Σ ∂L/∂ℓ · ∇θ ℓ`` to the
+  gradient, in micro-batch order (``lax.scan``; ``runtime.trainer.accumulate``, which writes the
+  LM head's and the embedding's gradients into the accumulator in place). Loss and gradient are the whole batch's up to float
+  rounding; the same configuration always gives the same bits. It costs one more forward pass.
+
+``model.dtype = "bfloat16"`` (with float32 ``param_dtype``) computes in bfloat16 from float32
+master weights: flax casts each weight to bfloat16 where it is used, so gradients and the
+optimizer state stay float32; norms, attention softmax, logits and log-probs are float32.
 """
 
 from __future__ import annotations
@@ -28,7 +50,10 @@ from kernels.kl import token_kl
 from kernels.logprobs import token_logprobs_and_entropy
 from kernels.objectives import policy_loss, preference_loss
 from kernels.reward_shaping import overlong_penalty
+from runtime.errors import UsageError
 from runtime.model import ModelConfig, forward
+from runtime.model.transformer import head_logits, hidden_states
+from runtime.trainer.accumulate import accumulate
 from runtime.trainer.batch import TrainBatch
 
 sg = jax.lax.stop_gradient
@@ -48,6 +73,21 @@ class StepConfig:
     adam_b2: float = 0.999
     adam_eps: float = 1e-8
     temperature: float = 1.0
+    micro_batch_size: int = 0
+    logits_chunk: int = 0
+    remat: bool = False
+
+    def micro_batches(self, rows: int) -> int:
+        """How many micro-batches a batch of ``rows`` rows is split into (1: none)."""
+        m = self.micro_batch_size
+        if m <= 0 or m >= rows:
+            return 1
+        if rows % m:
+            raise UsageError(
+                f"trainer.micro_batch_size={m} does not divide the batch of {rows} rows; "
+                "accepted: 0 (whole batch) or a divisor of the batch size"
+            )
+        return rows // m
 
     @property
     def needs_reference(self) -> bool:
@@ -97,15 +137,73 @@ def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
     ))
 
 
+def _chunked_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
+    """``_token_logprobs`` ``logits_chunk`` positions at a time (see the module docstring)."""
+    B, T = tokens_BT.shape
+    S, C = T - 1, config.logits_chunk
+    N = -(-S // C)
+    h_BTD = hidden_states(
+        params, tokens_BT, attention_BT, config=config.model, remat=config.remat
+    )
+    # The last position predicts nothing; padding to N·C positions adds rows that are dropped.
+    h_BSD = jnp.pad(h_BTD[:, :-1], ((0, 0), (0, N * C - S), (0, 0)))
+    targets_BS = jnp.pad(tokens_BT[:, 1:], ((0, 0), (0, N * C - S)))
+    h_NBCD = jnp.moveaxis(h_BSD.reshape(B, N, C, -1), 1, 0)
+    targets_NBC = jnp.moveaxis(targets_BS.reshape(B, N, C), 1, 0)
+
+    @jax.checkpoint
+    def chunk(inputs):
+        h_BCD, targets_BC = inputs
+        logits_BCV = head_logits(params, h_BCD, config=config.model)
+        return token_logprobs_and_entropy(logits_BCV, targets_BC, config.temperature)
+
+    logp_NBC, entropy_NBC = jax.lax.map(chunk, (h_NBCD, targets_NBC))
+
+    def unchunk(x_NBC):
+        return jnp.moveaxis(x_NBC, 0, 1).reshape(B, N * C)[:, :S]
+
+    return unchunk(logp_NBC), unchunk(entropy_NBC)
+
+
 def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
+    """``(log-probs, entropy)`` ``[B, T-1]`` of the targets ``tokens[:, 1:]``."""
+    if config.logits_chunk > 0 or config.remat:
+        C = config.logits_chunk if config.logits_chunk > 0 else tokens_BT.shape[1] - 1
+        return _chunked_logprobs(
+            params, tokens_BT, attention_BT, dataclasses.replace(config, logits_chunk=C)
+        )
     logits_BTV = forward(params, tokens_BT, attention_BT, config=config.model)
     return token_logprobs_and_entropy(logits_BTV[:, :-1], tokens_BT[:, 1:], config.temperature)
+
+
+def _split(x, n: int):
+    """``[B, ...]`` as ``[n, B / n, ...]``: micro-batch ``i`` holds rows ``i·B/n ..``."""
+    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+
+
+def _merge(x):
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def _batched_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
+    """``_token_logprobs`` one micro-batch at a time (forward only)."""
+    n = config.micro_batches(tokens_BT.shape[0])
+    if n == 1:
+        return _token_logprobs(params, tokens_BT, attention_BT, config)
+    def micro_batch(inputs):
+        tokens_bT, attention_bT = inputs
+        return _token_logprobs(params, tokens_bT, attention_bT, config)
+
+    logp_NbS, entropy_NbS = jax.lax.map(
+        micro_batch, (_split(tokens_BT, n), _split(attention_BT, n))
+    )
+    return _merge(logp_NbS), _merge(entropy_NbS)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def score(params, tokens_BT, attention_BT, *, config: StepConfig) -> jax.Array:
     """Log-probs ``[B, T-1]`` of the targets ``tokens[:, 1:]`` under ``params`` (no gradient)."""
-    logp_BS, _ = _token_logprobs(params, tokens_BT, attention_BT, config)
+    logp_BS, _ = _batched_logprobs(params, tokens_BT, attention_BT, config)
     return logp_BS
 
 
@@ -184,8 +282,7 @@ def train_step(
     mask_BS = batch.mask_BS
     behaviour_BS = batch.behaviour_BS
 
-    def loss_fn(p):
-        logp_BS, entropy_BS = _token_logprobs(p, batch.tokens_BT, batch.attention_BT, config)
+    def objective(logp_BS, entropy_BS):
         old_BS = jnp.where(current_B[:, None], sg(logp_BS), logp_old_BS)
         if isinstance(o, PolicyObjective):
             advantages = _advantages(o, batch.rewards_MG, old_BS, logp_ref_BS, mask_BS)
@@ -206,7 +303,36 @@ def train_step(
         )
         return loss, metrics
 
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    n = config.micro_batches(batch.size)
+    if n == 1:
+        def loss_fn(p):
+            return objective(*_token_logprobs(p, batch.tokens_BT, batch.attention_BT, config))
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    else:
+        logp_BS, entropy_BS = _batched_logprobs(
+            sg(params), batch.tokens_BT, batch.attention_BT, config
+        )
+        (loss, metrics), cotangent_BS = jax.value_and_grad(objective, has_aux=True)(
+            logp_BS, entropy_BS
+        )
+
+        chunk = config.logits_chunk if config.logits_chunk > 0 else batch.tokens_BT.shape[1] - 1
+
+        def step_micro_batch(grads, inputs):
+            tokens_bT, attention_bT, cotangent_bS = inputs
+            grads = accumulate(
+                grads, params, tokens_bT, attention_bT, cotangent_bS, config=config.model,
+                chunk=chunk, temperature=config.temperature, remat=config.remat,
+            )
+            return grads, None
+
+        micro_batches = (
+            _split(batch.tokens_BT, n), _split(batch.attention_BT, n), _split(cotangent_BS, n)
+        )
+        grads, _ = jax.lax.scan(
+            step_micro_batch, jax.tree.map(jnp.zeros_like, params), micro_batches
+        )
     updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     metrics.update(

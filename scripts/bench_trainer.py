@@ -1,0 +1,235 @@
+"""Train step memory and throughput: a Qwen2.5-0.5B-shaped step's memory, the demo's step speed.
+
+Usage: python scripts/bench_trainer.py [--rows 256 32] [--width 1024] [--micro-batch 4]
+                                       [--logits-chunk 32] [--repeats 7] [--baseline-ref main]
+                                       [--no-memory] [--no-speed]
+
+Memory: a decoder of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query heads, 2 kv heads,
+SwiGLU 4864, vocabulary 151,936, tied embeddings, q/k/v biases; random weights that are never
+materialised) and its GRPO train step at ``--width`` tokens per row, bfloat16 compute with float32
+master weights and Adam state, micro-batches of ``--micro-batch`` rows, log-probs in chunks of
+``--logits-chunk`` positions and rematerialised layers. The step is only lowered and compiled,
+never run: the figure is XLA's own accounting of the compiled program's temporary buffers
+(``compiled.memory_analysis().temp_size_in_bytes``), which excludes the arguments (parameters,
+optimizer state, batch) and the outputs that alias them. It is measured at every ``--rows``
+count; ``temp_ratio_256_vs_32`` is the first count's over the last's. For scale,
+``plain_logits_gib`` is the float32 ``[rows, width, vocab]`` logits alone that the plain step
+holds at the first count.
+
+Speed: the built-in demo's model (the default ``model`` section, character vocabulary) and its
+default batch (``scheduling.groups_per_batch`` × ``sampling.group_size`` rows, 32 tokens wide), with
+the default trainer settings, through this tree's ``train_step`` and through the step as it was
+at ``--baseline-ref`` (its ``runtime/trainer/step.py`` read from git and imported beside this one).
+Both are compiled first, then timed alternately ``--repeats`` times each; the figures are the
+medians. ``step_tok_s`` / ``baseline_tok_s`` count every position of every row (B × T) per
+second. ``bounded_tok_s`` is the same step with micro-batches of 32 rows, chunks of 8 positions
+and remat (the memory settings on a model too small to need them: their cost in compute).
+
+The last line printed is a JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kernels.algorithms import configure  # noqa: E402
+from runtime.config import Config  # noqa: E402
+from runtime.model import ModelConfig, init_params  # noqa: E402
+from runtime.trainer import StepConfig, TrainBatch, make_optimizer, train_step  # noqa: E402
+
+GIB = 1 << 30
+QWEN25_05B = ModelConfig(
+    vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+    intermediate_size=4864, tie_word_embeddings=True, qkv_bias=True, architecture="qwen2",
+    rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768,
+    dtype="bfloat16", param_dtype="float32",
+)
+GROUP_SIZE = 8
+DEMO_WIDTH = 32
+DEMO_COMPLETION = 8
+
+
+def batch_shapes(rows: int, width: int):
+    """The shapes of a ``rows`` × ``width`` batch (a ``TrainBatch`` of ``ShapeDtypeStruct``)."""
+    S = width - 1
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), TrainBatch(
+        tokens_BT=np.zeros((rows, width), np.int32),
+        attention_BT=np.zeros((rows, width), bool),
+        mask_BS=np.zeros((rows, S), bool),
+        behaviour_BS=np.zeros((rows, S), np.float32),
+        rewards_MG=np.zeros((rows // GROUP_SIZE, GROUP_SIZE), np.float32),
+        versions_B=np.zeros(rows, np.int32),
+    ))
+
+
+def step_memory(model: ModelConfig, rows: int, width: int, **memory) -> dict:
+    """XLA's memory accounting of the compiled train step (nothing is allocated or run)."""
+    config = StepConfig(model=model, objective=configure("grpo"), **memory)
+    params = jax.eval_shape(lambda: init_params(model, key=jax.random.key(0)))
+    opt_state = jax.eval_shape(make_optimizer(config).init, params)
+    f32_BS = jax.ShapeDtypeStruct((rows, width - 1), jnp.float32)
+    start = time.perf_counter()
+    compiled = train_step.lower(
+        params, opt_state, batch_shapes(rows, width), f32_BS, f32_BS,
+        jax.ShapeDtypeStruct((rows,), jnp.bool_), config=config,
+    ).compile()
+    seconds = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
+    assert analysis is not None, "this backend reports no memory analysis"
+    return {
+        "rows": rows,
+        "temp_gib": analysis.temp_size_in_bytes / GIB,
+        "argument_gib": analysis.argument_size_in_bytes / GIB,
+        "output_gib": analysis.output_size_in_bytes / GIB,
+        "alias_gib": analysis.alias_size_in_bytes / GIB,
+        "compile_s": seconds,
+    }
+
+
+def load_baseline_step(ref: str):
+    """``runtime/trainer/step.py`` as it is at git revision ``ref``, imported as its own module."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        source = subprocess.run(
+            ["git", "-C", root, "show", f"{ref}:runtime/trainer/step.py"],
+            check=True, capture_output=True, text=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"--baseline-ref {ref!r}: cannot read runtime/trainer/step.py there ({e}); "
+                 "give a git revision of this repository")
+    with tempfile.NamedTemporaryFile("w", suffix="_baseline_step.py", delete=False) as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("baseline_step", f.name)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    os.unlink(f.name)
+    return module
+
+
+def demo_batch(model: ModelConfig, rows: int, seed: int = 0) -> TrainBatch:
+    gen = np.random.default_rng(seed)
+    tokens = gen.integers(4, model.vocab_size, (rows, DEMO_WIDTH)).astype(np.int32)
+    mask = np.zeros((rows, DEMO_WIDTH - 1), bool)
+    mask[:, -DEMO_COMPLETION:] = True
+    return TrainBatch(
+        tokens_BT=tokens,
+        attention_BT=np.ones((rows, DEMO_WIDTH), bool),
+        mask_BS=mask,
+        behaviour_BS=np.where(mask, -2.0, 0.0).astype(np.float32),
+        rewards_MG=gen.integers(0, 2, (rows // GROUP_SIZE, GROUP_SIZE)).astype(np.float32),
+        versions_B=np.zeros(rows, np.int32),
+    )
+
+
+def step_speed(repeats: int, baseline_ref: str) -> dict:
+    from runtime.session import _builtin_config
+
+    run_config = Config()
+    model, _ = _builtin_config(run_config)
+    rows = run_config.scheduling.groups_per_batch * run_config.sampling.group_size
+    objective = run_config.objective()
+    baseline = load_baseline_step(baseline_ref)
+    t = run_config.trainer
+    common = dict(model=model, objective=objective, learning_rate=t.learning_rate)
+    steps = {
+        "baseline": (baseline.train_step, baseline.StepConfig(**common)),
+        "step": (train_step, StepConfig(**common)),
+        "bounded": (train_step, StepConfig(**common, micro_batch_size=32, logits_chunk=8,
+                                           remat=True)),
+    }
+    batch = jax.device_put(demo_batch(model, rows))
+    S = DEMO_WIDTH - 1
+    logp_old = jnp.zeros((rows, S), jnp.float32)
+    current = jnp.ones((rows,), bool)
+    params0 = init_params(model, key=jax.random.key(0))
+    state = {}
+    for name, (fn, config) in steps.items():
+        params = jax.tree.map(jnp.array, params0)
+        opt = make_optimizer(config).init(params)
+        params, opt, _ = fn(params, opt, batch, logp_old, logp_old, current, config=config)  # compile
+        jax.block_until_ready(params)
+        state[name] = (params, opt)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, (fn, config) in steps.items():
+            params, opt = state[name]
+            start = time.perf_counter()
+            params, opt, metrics = fn(params, opt, batch, logp_old, logp_old, current, config=config)
+            jax.block_until_ready((params, metrics))
+            times[name].append(time.perf_counter() - start)
+            state[name] = (params, opt)
+    tokens = rows * DEMO_WIDTH
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    return {
+        "rows": rows,
+        "width": DEMO_WIDTH,
+        "baseline_ref": baseline_ref,
+        "step_tok_s": tokens / medians["step"],
+        "baseline_tok_s": tokens / medians["baseline"],
+        "bounded_tok_s": tokens / medians["bounded"],
+        "step_over_baseline": medians["baseline"] / medians["step"],
+        "step_ms": {name: [round(1e3 * x, 2) for x in ts] for name, ts in times.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[256, 32])
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--logits-chunk", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--baseline-ref", default="main")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-speed", action="store_true")
+    args = parser.parse_args()
+
+    result: dict = {
+        "backend": jax.default_backend(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "jax": jax.__version__,
+    }
+    if not args.no_memory:
+        memory = dict(micro_batch_size=args.micro_batch, logits_chunk=args.logits_chunk, remat=True)
+        runs = []
+        for rows in args.rows:
+            runs.append(step_memory(QWEN25_05B, rows, args.width, **memory))
+            print(json.dumps(runs[-1]), flush=True)
+        params = jax.eval_shape(lambda: init_params(QWEN25_05B, key=jax.random.key(0)))
+        result.update(
+            model="Qwen2.5-0.5B shape, bfloat16 compute, float32 master weights",
+            num_params=sum(x.size for x in jax.tree.leaves(params)),
+            width=args.width,
+            memory_settings=memory,
+            memory=runs,
+            temp_gib=runs[0]["temp_gib"],
+            temp_ratio_256_vs_32=runs[0]["temp_gib"] / runs[-1]["temp_gib"],
+            plain_logits_gib=args.rows[0] * args.width * QWEN25_05B.vocab_size * 4 / GIB,
+        )
+    if not args.no_speed:
+        speed = step_speed(args.repeats, args.baseline_ref)
+        print(json.dumps(speed), flush=True)
+        result.update(speed)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

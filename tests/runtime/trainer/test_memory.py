@@ -1,0 +1,184 @@
+"""The memory-bounded train step: micro-batches, chunked log-probs and remat change no result.
+
+Every objective of the registry runs on the ragged batch of ``test_step`` (mixed on- and
+off-policy rows, a reference model for the KL and preference terms) once as one whole batch and
+once in micro-batches with chunked log-probs and rematerialised layers; the loss, every metric and
+the update must agree to float32 rounding. The same configuration twice must give the same bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.algorithms import ALGORITHMS, configure
+from runtime.config import Config, ConfigError
+from runtime.errors import UsageError
+from runtime.model import ModelConfig, init_params
+from runtime.trainer import StepConfig, make_optimizer, score, train_step
+from tests.runtime.trainer.test_step import DELTAS, MODEL, TEMPERATURE, WIDTH, G, _batch, _params
+
+# One AdamW step from a fresh state with eps = 1 moves a parameter by -g/(|g| + 1) (test_step):
+# the update keeps the size of the gradient, so comparing parameters compares gradients.
+LR, ADAM_EPS, NO_CLIP = 1.0, 1.0, 1e9
+CURRENT_B = np.array([True, False, False, True, False, True])
+# Micro-batches of 2 rows, chunks of 3 positions (7 = 3 + 3 + 1: a ragged last chunk).
+BOUNDED = dict(micro_batch_size=2, logits_chunk=3, remat=True)
+# A micro-batch's log-probs come from matmuls of other shapes than the whole batch's, so each
+# differs in its last bits (float32 spacing at |ℓ| ≈ 10 is 9.5e-7); losses and metrics are sums of
+# ~20 such terms and the gradient a sum of 3 micro-batch gradients in another order. Measured
+# worst case over all objectives: 1.4e-6 on an update of size ≤ 1 (RLOO, ‖g‖ ≈ 32) and 1e-5
+# relative on a metric (kl_ref, a sum of exponentials of log-ratios).
+UPDATE_TOL = 1e-5
+METRIC_RTOL, METRIC_ATOL = 3e-5, 2e-6
+
+
+def _objective(name: str):
+    """The registry's ``name`` with the batch's group size and maximum length where it has them."""
+    known = {f.name for f in dataclasses.fields(ALGORITHMS[name])}
+    options = {k: v for k, v in (("group_size", G), ("max_length", WIDTH - 1)) if k in known}
+    return configure(name, **options)
+
+
+def _inputs(batch):
+    """Old log-probs ``ℓ_old = -1 + δ`` and reference log-probs on completion tokens (0 elsewhere)."""
+    mask_BS = np.asarray(batch.mask_BS)
+    noise_BS = np.random.default_rng(0).standard_normal(mask_BS.shape)
+    old_BS = np.where(mask_BS, -1.0 + np.resize(DELTAS, mask_BS.shape), 0.0)
+    ref_BS = np.where(mask_BS, -1.2 + 0.3 * noise_BS, 0.0)
+    return jnp.float32(old_BS), jnp.float32(ref_BS)
+
+
+def _step(name: str, *, model: ModelConfig = MODEL, params=None, **memory):
+    config = StepConfig(
+        model=model, objective=_objective(name), learning_rate=LR, adam_eps=ADAM_EPS,
+        max_grad_norm=NO_CLIP, temperature=TEMPERATURE, **memory,
+    )
+    params = _params() if params is None else params
+    batch = _batch()
+    old_BS, ref_BS = _inputs(batch)
+    opt_state = make_optimizer(config).init(params)
+    donated = jax.tree.map(jnp.array, params)
+    return train_step(donated, opt_state, jax.device_put(batch), old_BS, ref_BS,
+                      jnp.asarray(CURRENT_B), config=config)
+
+
+def _assert_equivalent(whole, bounded):
+    (p0, _, m0), (p1, _, m1) = whole, bounded
+    assert m0.keys() == m1.keys()
+    for k in m0:
+        assert float(m1[k]) == pytest.approx(float(m0[k]), rel=METRIC_RTOL, abs=METRIC_ATOL), k
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(p0), jax.tree.leaves(p1), strict=True):
+        assert b.dtype == a.dtype
+        np.testing.assert_allclose(b, a, rtol=0, atol=UPDATE_TOL, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_micro_batches_give_the_whole_batch_loss_and_gradient(name):
+    whole = _step(name)
+    assert float(whole[2]["grad_norm"]) > 0.1  # the batch carries signal for every objective
+    _assert_equivalent(whole, _step(name, **BOUNDED))
+
+
+@pytest.mark.parametrize("memory", [
+    dict(micro_batch_size=1),
+    dict(micro_batch_size=3, logits_chunk=4),
+    dict(logits_chunk=2),  # chunks alone, whole batch
+    dict(remat=True),  # remat alone (log-probs in one chunk of the whole width)
+    dict(micro_batch_size=6),  # the whole batch: the one-pass step
+], ids=["micro1", "micro3_chunk4", "chunk2", "remat", "micro6"])
+def test_every_setting_alone_keeps_the_result(memory):
+    _assert_equivalent(_step("grpo"), _step("grpo", **memory))
+
+
+def test_the_same_configuration_gives_the_same_bits():
+    first, second = _step("ppo", **BOUNDED), _step("ppo", **BOUNDED)
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_a_whole_batch_micro_batch_size_is_the_plain_step_bit_for_bit():
+    plain, whole = _step("grpo"), _step("grpo", micro_batch_size=6)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(whole), strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_score_in_micro_batches_and_chunks_is_the_plain_score():
+    params, batch = _params(), _batch()
+    plain = StepConfig(model=MODEL, objective=configure("grpo"), temperature=TEMPERATURE)
+    bounded = dataclasses.replace(plain, **BOUNDED)
+    want_BS = np.asarray(score(params, batch.tokens_BT, batch.attention_BT, config=plain))
+    got_BS = np.asarray(score(params, batch.tokens_BT, batch.attention_BT, config=bounded))
+    np.testing.assert_allclose(got_BS[batch.mask_BS], want_BS[batch.mask_BS], rtol=0, atol=5e-6)
+
+
+def test_a_micro_batch_size_that_does_not_divide_the_batch_is_refused():
+    config = StepConfig(model=MODEL, objective=_objective("grpo"), micro_batch_size=4)
+    with pytest.raises(UsageError, match=r"micro_batch_size=4 does not divide the batch of 6 rows"):
+        config.micro_batches(6)
+    with pytest.raises(ConfigError, match=r"trainer.micro_batch_size: 12 .* divide the batch of 16 rows"):
+        Config.from_dict({"trainer": {"micro_batch_size": 12},
+                          "scheduling": {"groups_per_batch": 2}, "sampling": {"group_size": 8}})
+    with pytest.raises(ConfigError, match=r"model.dtype: 'float16' .* accepted: float32, bfloat16"):
+        Config.from_dict({"model": {"dtype": "float16"}})
+
+
+def test_bfloat16_compute_keeps_float32_master_weights_and_optimizer_state():
+    """bfloat16 matmuls, float32 everything that persists: the step takes and returns float32
+    parameters and Adam moments, and its loss is the float32 step's to bfloat16 accuracy."""
+    bf16 = MODEL.replace(dtype="bfloat16")
+    params = _params()
+    new_params, opt_state, metrics = _step("grpo", model=bf16, params=params, **BOUNDED)
+    for leaf in jax.tree.leaves((new_params, opt_state)):
+        assert leaf.dtype in (jnp.float32, jnp.int32), leaf.dtype
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                zip(jax.tree.leaves(new_params), jax.tree.leaves(params), strict=True))
+    assert moved > 0.1
+    _, _, want = _step("grpo")
+    # bfloat16 keeps 8 bits of mantissa: log-probs of size ~10 move by ~0.05, the loss (a mean
+    # of ratio-weighted advantages of size ~1) by a few hundredths.
+    assert float(metrics["loss"]) == pytest.approx(float(want["loss"]), abs=0.05)
+    assert float(metrics["entropy"]) == pytest.approx(float(want["entropy"]), rel=0.02)
+
+
+def test_micro_batches_bound_the_step_memory():
+    """XLA's own accounting of the compiled step: its temporary memory with micro-batches does
+    not grow with the batch, while the one-pass step's grows with every row."""
+    model = ModelConfig(vocab_size=4096, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                        intermediate_size=64)
+    params = init_params(model, key=jax.random.key(0))
+
+    def temp_bytes(rows: int, **memory) -> int:
+        config = StepConfig(model=model, objective=configure("grpo", group_size=4), **memory)
+        batch = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype),
+            _batch(),
+        )
+        batch = dataclasses.replace(batch, rewards_MG=jax.ShapeDtypeStruct((rows // 4, 4), jnp.float32))
+        S = batch.mask_BS.shape[1]
+        f32_BS = jax.ShapeDtypeStruct((rows, S), jnp.float32)
+        opt_state = jax.eval_shape(make_optimizer(config).init, params)
+        lowered = train_step.lower(params, opt_state, batch, f32_BS, f32_BS,
+                                   jax.ShapeDtypeStruct((rows,), bool), config=config)
+        analysis = lowered.compile().memory_analysis()
+        assert analysis is not None  # XLA:CPU reports it
+        return analysis.temp_size_in_bytes
+
+    bounded = dict(micro_batch_size=4, logits_chunk=4)
+    small, large = temp_bytes(8, **bounded), temp_bytes(64, **bounded)
+    assert large <= 1.05 * small
+    # The plain step holds [B, S, V] float32 logits (and their gradient): 64 rows × 7 × 4096 × 4.
+    assert temp_bytes(64) - temp_bytes(8) > 56 * 7 * 4096 * 4
+
+
+def test_tied_embeddings_take_the_head_and_the_lookup_gradient():
+    """A tied embedding is both the lookup and the LM head: the micro-batched step adds both
+    gradients into one leaf (``runtime.trainer.accumulate``), as autodiff of the plain step does."""
+    tied = MODEL.replace(tie_word_embeddings=True)
+    params = init_params(tied, key=jax.random.key(3))
+    whole = _step("grpo", model=tied, params=params)
+    _assert_equivalent(whole, _step("grpo", model=tied, params=params, **BOUNDED))
