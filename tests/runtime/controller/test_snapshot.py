@@ -223,3 +223,27 @@ def test_postgresql_snapshots_survive_reopening_are_skipped_when_corrupt_and_cut
         rec = snapshot.recover(store, RUN)
         snapshot.write(store, RUN, rec.seq, rec.digest, rec.state, rec.cache)
         assert [s.seq for s in store.snapshots(RUN)] == [rec.seq]
+
+
+def test_failed_snapshot_writes_are_told_once_and_again_when_they_recover(monkeypatch):
+    from runtime import failpoints
+
+    # The 2nd, 3rd and 4th snapshot writes fail as a failing disk would (RLX_FAILPOINTS syntax).
+    monkeypatch.setattr(failpoints, "_ARMED", failpoints._parse("ledger.snapshot@2:raise=3"))
+    monkeypatch.setattr(failpoints, "_SEEN", {})
+    store = open_store("memory://")
+    config = _config("deterministic", 1, True, steps=3)
+    lines: list[str] = []
+    loop = ControllerLoop.create(store, run_id=RUN, config=config.to_dict(), config_digest=config.digest(),
+                                 seed=config.run.seed, snapshot_every=10, warn=lines.append)
+    run_to_end(loop, workers=2, slots=2)
+    assert loop.finished and loop.snapshot_error is None and loop.snapshot_failures == 0
+    assert failpoints._SEEN["ledger.snapshot"] >= 5, "the run must write enough snapshots for the test"
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"warning: snapshot of run {RUN!r} at seq ") and "not written" in lines[0]
+    assert "failpoint ledger.snapshot (reach 2)" in lines[0] and "later failures are not repeated" in lines[0]
+    assert lines[1].startswith(f"snapshots of run {RUN!r} are written again") and "after 3 failed writes" in lines[1]
+    snaps = store.snapshots(RUN)  # the failed writes left nothing; the good ones are usable
+    assert len(snaps) == snapshot.KEPT
+    _same(snapshot.recover(store, RUN), snapshot.recover(store, RUN, snapshots=False))
+    replay(store.events(RUN), check=True)
