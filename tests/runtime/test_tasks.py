@@ -114,3 +114,57 @@ def test_max_prompt_chars_bounds_every_prompt(name, params):
     assert max(lengths) <= task.max_prompt_chars()
     if name == "arithmetic":
         assert max(lengths) == task.max_prompt_chars()
+
+
+def test_codefn_rows_read_back_as_the_same_problems_judged_in_the_sandbox(tmp_path):
+    gen = make_task("codefn", problems=400, eval_size=40, seed=3)
+    picked = [5, 0, 17]
+    rows = [gen.data_row(i) for i in picked]
+    p = gen.problem("train", 5)
+    assert rows[0] == {"prompt": p.prompt, "calls": [{"args": [x], "output": y} for x, y in p.tests], "target": p.target}
+    path = tmp_path / "fns.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"prompt": "f(0)=1;f(x)=", "calls": '
+                    '[{"args": [2], "output": 5}]}\n')  # a row without a target: trained by RL only
+    task = make_task("codefn", path=str(path), eval_size=40, seed=3)
+    assert (task.train_size, task.eval_size) == (4, 40)
+    assert [task.problem("train", k) for k in range(3)] == [gen.problem("train", i) for i in picked]
+    assert [task.problem("eval", j) for j in range(40)] == [gen.problem("eval", j) for j in range(40)]  # same held-out
+    assert task.supervised_indices().tolist() == [0, 1, 2]
+    assert task.describe()["path"] == str(path) and "path" not in gen.describe()
+    q = task.problem("train", 3)
+    outcomes = task.score([p, p, q, q], [p.target, "x", "2*x+1", "2*x"])
+    assert [(o.verifier, o.verdict) for o in outcomes] == [("code", "AC"), ("code", "WA"), ("code", "AC"), ("code", "WA")]
+    assert [task.reward(o) for o in outcomes] == [1.0, gen.reward(gen.score([p], ["x"])[0]), 1.0, 0.0]
+    assert task.max_prompt_chars() == gen.max_prompt_chars()
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "fns.jsonl:1: not valid JSON"),
+        ('{"prompt": "f(x)=", "answer": "1"}', "unknown keys ['answer']; a codefn row accepts: prompt, calls, target"),
+        ('{"prompt": "f(x)=", "calls": []}', "'calls' must be a list of 1 to 64"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [1, 2], "output": 3}]}', "calls[0] must be"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [true], "output": 3}]}', "calls[0] must be"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [1], "output": "3"}]}', "calls[0] must be"),
+        ('{"prompt": "", "calls": [{"args": [1], "output": 3}]}', "'prompt' must be a non-empty string"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [1], "output": 3}], "target": 7}', "'target' must be a string"),
+    ],
+)
+def test_malformed_codefn_rows_are_named(tmp_path, line, message):
+    path = tmp_path / "fns.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(UsageError) as info:
+        make_task("codefn", path=str(path))
+    assert message in str(info.value)
+    with pytest.raises(UsageError, match="has no rows"):
+        (tmp_path / "empty.jsonl").write_text("\n")
+        make_task("codefn", path=str(tmp_path / "empty.jsonl"))
+
+
+def test_codefn_rows_given_as_plain_jsonl_say_which_task_reads_them(tmp_path):
+    path = tmp_path / "fns.jsonl"
+    path.write_text('{"prompt": "f(x)=", "calls": [{"args": [1], "output": 3}]}\n' * 2)
+    with pytest.raises(UsageError, match="'calls' rows are function tests of the codefn task; read this file with "
+                                         "--set data.task=codefn"):
+        make_task("jsonl", path=str(path))
