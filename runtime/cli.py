@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "runtime.commands.replay",
     "runtime.commands.audit",
     "runtime.commands.curate",
+    "runtime.commands.export",
 )
 
 

@@ -1,5 +1,5 @@
 """JAX's persistent cache of compiled programs, for processes that compile the same programs again
-and again: ``rlx worker``.
+and again: ``rlx worker``, and the hosts of ``rlx run``, ``resume``, ``replay`` and ``pretrain``.
 
 A worker process compiles what its role needs every time it starts (the model's initializers,
 the engine's prefill and decode, the train step): for the demo's small model about 10 s of CPU
@@ -7,7 +7,7 @@ per process, which ``rlx run`` in processes mode pays for every worker of every 
 replacement of a dead one, and which the run's RL time counts. With the cache, a program compiled
 once on this machine (same program, compile options, backend and jax/jaxlib versions: the cache
 key) is loaded from disk instead: the executable XLA compiled, so its results are bit for bit those
-of a fresh compilation.
+of a fresh compilation. A resume after a crash, or a replay, then goes to work in seconds.
 
 The cache lives in ``~/.cache/rlx/jax`` unless ``$JAX_COMPILATION_CACHE_DIR`` names another
 directory; ``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` and ``$JAX_COMPILATION_CACHE_MAX_SIZE``, when

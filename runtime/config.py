@@ -211,19 +211,36 @@ class PretrainConfig(Section):
 class DataConfig(Section):
     """The training prompts: a task name (checked by the task registry when data is loaded),
     an optional JSONL path, and ``size``, the number of training prompts, filled in from the
-    loaded dataset before the run starts (the controller samples indices in ``[0, size)``)."""
+    loaded dataset before the run starts (the controller samples indices in ``[0, size)``).
+
+    ``chat_template``: render every prompt with the checkpoint's chat template (``model.path``'s
+    ``tokenizer_config.json``); ``chat_template_digest`` is filled in with the sha256 of that
+    template when the run starts, and a replay or resume whose checkpoint's template differs is
+    refused. ``max_prompt_tokens`` caps a prompt's tokens (None: the model's positions less
+    ``sampling.max_tokens``); a prompt over the cap is an error naming it. Prompts are counted in
+    the model's tokens, and the longest fixes the engine's prefill bucket and the batch width.
+    """
 
     NAME = "data"
     task: str = "arithmetic"
     path: str | None = None
     size: int | None = None
     eval_fraction: float = 0.1
+    chat_template: bool = False
+    chat_template_digest: str | None = None
+    max_prompt_tokens: int | None = None
 
     def check(self) -> None:
         self._at_least("size", 1)
+        self._at_least("max_prompt_tokens", 1)
         if not 0.0 < self.eval_fraction < 1.0:
             raise _fail("data.eval_fraction", self.eval_fraction,
                         "it must be in (0, 1): a JSONL dataset always holds out some rows for evaluation")
+        digest = self.chat_template_digest
+        if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _fail("data.chat_template_digest", digest, "it must be a sha256 in hex (filled in by rlx run)")
+        if digest is not None and not self.chat_template:
+            raise _fail("data.chat_template_digest", digest, "it is set only with data.chat_template=true")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,16 +493,19 @@ class Config:
         """Every field of every section, as plain values (the form stored in ``RunStarted``)."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
-    def resolved(self, *, data_size: int | None = None) -> Config:
+    def resolved(self, *, data_size: int | None = None, chat_template_digest: str | None = None) -> Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
-        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` when given, and
-        ``params.keep_newest`` at least ``max_staleness + 1``."""
+        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` and
+        ``data.chat_template_digest`` when given, and ``params.keep_newest`` at least
+        ``max_staleness + 1``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
             filter_groups = bool(getattr(self.objective(), "dynamic_sampling", False))
         cap = s.max_groups_per_batch if s.max_groups_per_batch is not None else 4 * s.groups_per_batch
         data = self.data if data_size is None else dataclasses.replace(self.data, size=data_size)
+        if chat_template_digest is not None:
+            data = dataclasses.replace(data, chat_template_digest=chat_template_digest)
         # The trainer recomputes old log-probs with the weights each rollout was sampled from, up
         # to max_staleness versions back: those must still be in the parameter store (I5).
         params = dataclasses.replace(self.params, keep_newest=max(self.params.keep_newest, s.max_staleness + 1))

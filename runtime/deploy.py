@@ -37,7 +37,7 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
     from runtime.run import _Retirer
     from runtime.rundir import run_started
     from runtime.service.server import ControllerService, serve
-    from runtime.session import fingerprint, make_task
+    from runtime.session import build_codec, fingerprint, make_task
 
     say = log or (lambda m: print(f"rlx controller: {m}", file=sys.stderr, flush=True))
     security.check(address)
@@ -69,7 +69,8 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
             say(f"continuing run {name!r} at step {ctrl.state.trained} (writer epoch {ctrl.epoch})")
         else:
             assert fresh is not None
-            cfg = fresh.resolved(data_size=make_task(fresh).train_size)
+            cfg = fresh.resolved(data_size=make_task(fresh).train_size,
+                                 chat_template_digest=build_codec(fresh).template_digest)
             pstore = ParamStore.open(params_url, create=True)
             retirer = _Retirer(pstore)
             ctrl = ControllerLoop.create(store, run_id=name, config=cfg.to_dict(), config_digest=cfg.digest(),

@@ -97,7 +97,8 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     workers = _WorkerProcesses(config, out) if config.workers.mode == PROCESSES else None
     try:
         session = build_session(config, log=log, built=built)  # validates model, data and task
-        config = config.resolved(data_size=session.task.train_size)
+        config = config.resolved(data_size=session.task.train_size,
+                                 chat_template_digest=session.codec.template_digest)
         os.makedirs(out, exist_ok=True)
         store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
     except BaseException:

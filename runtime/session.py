@@ -164,7 +164,8 @@ def _checkpoint_dir(config: Config) -> str:
 
 
 def _builtin_config(config: Config):
-    """The built-in model's ``ModelConfig`` and tokenizer for ``config``'s model section."""
+    """The built-in model's ``ModelConfig`` and tokenizer for ``config``'s model section (the
+    tokenizer of ``TextCodec.builtin``)."""
     from runtime.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, char_tokenizer
 
     tokenizer = char_tokenizer()
@@ -199,27 +200,87 @@ def _initial_model(config: Config):
 
 
 def build_codec(config: Config):
-    """The model's text codec from its config and tokenizer alone: no weights are read or
-    initialized, nothing is compiled. The same codec as ``build_session(config).codec``."""
+    """The model's text codec from its config and tokenizer files alone: no weights are read or
+    initialized, nothing is compiled. The same codec as ``build_session(config).codec``.
+
+    A checkpoint's codec follows its own files (``runtime.model.hf_text``); with
+    ``data.chat_template`` it renders prompts with the checkpoint's chat template, which must be
+    the one whose digest the config records when it records one (a replay or resume).
+    """
     from runtime.tasks.base import TextCodec
 
+    d = config.data
     if config.model.path is None:
-        return TextCodec.for_config(*_builtin_config(config))
+        if d.chat_template:
+            raise UsageError("data.chat_template is true but the built-in model has no chat template; give a "
+                             "checkpoint with one (--model / model.path) or set data.chat_template=false")
+        codec = TextCodec.builtin()
+    else:
+        codec = _checkpoint_codec(config)
+    if d.max_prompt_tokens is not None:
+        codec = dataclasses.replace(codec, max_prompt_tokens=d.max_prompt_tokens)
+    recorded = d.chat_template_digest
+    if recorded is not None and codec.template_digest != recorded:
+        raise UsageError(f"the chat template of model.path {config.model.path!r} (sha256 {codec.template_digest}) "
+                         f"is not the one the run was started with (data.chat_template_digest {recorded}): its "
+                         "prompts would differ; restore the checkpoint's tokenizer_config.json")
+    return codec
+
+
+def _checkpoint_codec(config: Config):
     import json
 
-    from tokenizers import Tokenizer
-
-    from runtime.model.hf import CONFIG_FILE, TOKENIZER_FILE
-    from runtime.model.hf_convert import config_from_hf
+    from runtime.model.hf import CONFIG_FILE
+    from runtime.model.hf_text import checkpoint_text
+    from runtime.tasks.base import TextCodec
 
     path = _checkpoint_dir(config)
-    tokenizer_path = os.path.join(path, TOKENIZER_FILE)
-    if not os.path.isfile(tokenizer_path):
-        raise UsageError(f"model.path {path!r} has no tokenizer.json")
     config_path = os.path.join(path, CONFIG_FILE)
     with open(config_path, encoding="utf-8") as f:
-        mc = config_from_hf(json.load(f), source=config_path)
-    return TextCodec.for_config(mc, Tokenizer.from_file(tokenizer_path))
+        try:
+            hf = json.load(f)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{config_path} is not valid JSON: {e}") from None
+    if not isinstance(hf, dict):
+        raise UsageError(f"{config_path} must hold a JSON object, got {type(hf).__name__}")
+    return TextCodec.for_checkpoint(checkpoint_text(path, hf, chat_template=config.data.chat_template))
+
+
+# Above this many prompts a subword tokenizer's counts are not taken one by one.
+MAX_SCANNED_PROMPTS = 1 << 17
+
+
+def longest_prompt(config: Config, task, codec, positions: int) -> int:
+    """The longest prompt of ``task`` in ``codec``'s tokens, within ``data.max_prompt_tokens`` and
+    the model's ``positions`` less ``sampling.max_tokens``; a prompt over that limit is a one-line
+    error naming it."""
+    max_tokens = config.sampling.max_tokens
+    room = positions - max_tokens
+    cap = config.data.max_prompt_tokens
+    if cap is not None and cap > room:
+        raise UsageError(f"data.max_prompt_tokens {cap} plus sampling.max_tokens {max_tokens} exceeds the model's "
+                         f"{positions} positions (max_position_embeddings); it must be <= {room}")
+    if room < 1:
+        raise UsageError(f"sampling.max_tokens {max_tokens} is too large for this model: it leaves no room for a "
+                         f"prompt in its {positions} positions (max_position_embeddings)")
+    limit = room if cap is None else cap
+    why = (f"max_position_embeddings {positions} less sampling.max_tokens {max_tokens}" if cap is None
+           else "data.max_prompt_tokens")
+    prompts = task.train_size + task.eval_size
+    if not codec.char_level and prompts > MAX_SCANNED_PROMPTS and config.data.path is None:
+        if cap is None:
+            raise UsageError(f"task {task.name!r} has {prompts} prompts, too many to count in this tokenizer's "
+                             "tokens one by one; set data.max_prompt_tokens to the most tokens a prompt may have")
+        return cap  # the codec refuses a longer prompt when it is encoded
+    longest = task.max_prompt_tokens(codec, limit=limit, why=why)
+    if longest > limit:
+        if cap is None:
+            raise UsageError(f"sampling.max_tokens {max_tokens} is too large for this model: the longest prompt "
+                             f"({longest} tokens) plus it exceeds its {positions} positions (max_position_embeddings); "
+                             f"it must be <= {positions - longest}")
+        raise UsageError(f"the prompts of task {task.name!r} have up to {longest} tokens, more than "
+                         f"data.max_prompt_tokens {cap}")
+    return longest
 
 
 def step_config(config: Config, model):
@@ -264,38 +325,39 @@ def build_scoring(config: Config, *, log: Log = print):
 
 
 def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True,
-                  built: tuple[Any, str | None] | None = None) -> Session:
+                  warm_checkpoint: bool = False, built: tuple[Any, str | None] | None = None,
+                  engine: bool = True) -> Session:
     """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
 
     With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
     isolation level stops the run before anything is trained; a replay, which re-trains from
     logged outcomes and judges nothing, passes False. Without ``warm`` the model keeps its
     initial weights: for a worker that reads every version it uses from the parameter store.
-    ``built``: what ``build_task`` returned for this config, if it was called already.
+    A ``model.path`` checkpoint is used as it is unless ``warm_checkpoint`` (``rlx pretrain``).
+    ``built``: what ``build_task`` returned for this config, if it was called already. Without
+    ``engine`` no engine is built (``Session.engine`` is None; ``new_engine`` still builds one):
+    for a replay that re-trains and samples nothing.
     """
-    from runtime.tasks.base import TextCodec
     from runtime.trainer.pretrain import cached_warm_start
 
     task, sandbox = build_task(config, judge=judge, log=log) if built is None else built
+    codec = build_codec(config)  # the checkpoint's text files are checked before its weights are read
     model = _initial_model(config)
-    codec = TextCodec.for_model(model)
-    longest_prompt = task.max_prompt_chars() + (codec.bos_id is not None)
-    width = longest_prompt + config.sampling.max_tokens
     positions = model.config.max_position_embeddings
-    if width > positions:
-        raise UsageError(f"sampling.max_tokens {config.sampling.max_tokens} is too large for this model: the longest "
-                         f"prompt ({longest_prompt} tokens) plus it exceeds its {positions} positions "
-                         f"(max_position_embeddings); it must be <= {positions - longest_prompt}")
+    width = longest_prompt(config, task, codec, positions) + config.sampling.max_tokens
+    model.config.check_sequence_length(width)
     warm_start: dict = {"steps": 0, "cached": False}
     p = config.pretrain
-    if warm and p.steps > 0 and config.model.path is None:  # a given checkpoint is used as it is
+    if warm and p.steps > 0 and (config.model.path is None or warm_checkpoint):
         cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
         log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
-        model, path, cached = cached_warm_start(model, task, p, seed=config.run.seed, width=width, cache_dir=cache_dir)
+        model, path, cached = cached_warm_start(model, task, codec, p, seed=config.run.seed, width=width,
+                                                cache_dir=cache_dir)
         warm_start = {"steps": p.steps, "cached": cached, "checkpoint": path}
     shape = EngineShape.for_run(config, width)
-    return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model),
+    return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model) if engine else None,
                    step_config(config, model), sandbox, warm_start)
 
 
-__all__ = ["EngineShape", "Session", "build_session", "fingerprint", "make_task", "step_config"]
+__all__ = ["EngineShape", "Session", "build_codec", "build_session", "fingerprint", "longest_prompt", "make_task",
+           "step_config"]

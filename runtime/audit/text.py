@@ -8,8 +8,6 @@ checkpoint that is gone), its text is None: ids stay the record.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 
 from runtime.errors import RlxError
@@ -33,7 +31,9 @@ class RunText:
         except (RlxError, OSError):
             pass
         try:
-            self._codec = _codec(cfg.model.path)
+            from runtime.session import build_codec
+
+            self._codec = build_codec(cfg)
         except (RlxError, OSError, ValueError, KeyError):
             pass
 
@@ -42,19 +42,3 @@ class RunText:
 
     def completion(self, token_ids: Sequence[int]) -> str | None:
         return None if self._codec is None else self._codec.decode(token_ids)
-
-
-def _codec(model_path: str | None):
-    from runtime.model import char_tokenizer
-    from runtime.tasks.base import TextCodec
-
-    if model_path is None:
-        return TextCodec(char_tokenizer())
-    from tokenizers import Tokenizer
-
-    from runtime.model.hf import CONFIG_FILE, TOKENIZER_FILE
-    from runtime.model.hf_convert import config_from_hf
-
-    with open(os.path.join(model_path, CONFIG_FILE)) as f:
-        config = config_from_hf(json.load(f), source=model_path)
-    return TextCodec.for_config(config, Tokenizer.from_file(os.path.join(model_path, TOKENIZER_FILE)))

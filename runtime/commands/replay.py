@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "loaded from the run's parameter store (default 0)")
     p.add_argument("--regenerate", action="store_true",
                    help="also re-sample every rollout and compare tokens and log-prob bits")
+    p.add_argument("--check-snapshots", action="store_true",
+                   help="also prove that every stored controller snapshot equals the fold of the log up to its seq")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_replay)
 
@@ -26,10 +28,13 @@ def _stderr(message: str) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from runtime import compile_cache
     from runtime.replay import replay_run
 
+    compile_cache.enable()
     report = replay_run(
         args.directory, run_id=args.run_id, from_version=args.from_version, regenerate=args.regenerate,
+        check_snapshots=args.check_snapshots,
         log=(lambda m: None) if args.json else _stderr,
         warn=lambda m: _stderr(f"rlx: warning: {m}"),
     )
@@ -49,6 +54,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     t.add_row("final version", "-" if report.final_version is None
               else f"{report.final_version}  digest {report.final_digest}")
     t.add_row("rollouts re-sampled", str(report.rollouts_regenerated))
+    if args.check_snapshots:
+        t.add_row("snapshots proven", str(report.snapshots_checked))
     t.add_row("fingerprint", ", ".join(report.fingerprint_diff) + " differ" if report.fingerprint_diff else "same")
     t.add_row("time", f"{report.seconds:.1f} s")
     console.print(t)

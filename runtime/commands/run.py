@@ -31,12 +31,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("config", nargs="?", help="TOML config file (default: the built-in demo)")
     p.add_argument("--steps", type=int, help="supervised steps (pretrain.steps)")
     p.add_argument("--seed", type=int, help="run seed (run.seed)")
+    p.add_argument("--model", help="local Hugging Face checkpoint directory to warm-start (model.path; default: "
+                                   "the built-in model)")
     p.add_argument("--data", help="JSONL file of {prompt, answer} or {prompt, tests} rows (data.path; "
                                   "{prompt, calls} rows with --set data.task=codefn)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a config value, e.g. --set pretrain.learning_rate=3e-3 (repeatable)")
     p.add_argument("--out", help="also save the warm-started model here, a Hugging Face checkpoint for --model")
-    p.set_defaults(func=cmd_pretrain, steps_field="pretrain.steps", model=None)
+    p.set_defaults(func=cmd_pretrain, steps_field="pretrain.steps")
 
     p = subparsers.add_parser("resume", help="continue a run that was killed or crashed")
     p.add_argument("out", metavar="DIR", help="the run directory")
@@ -68,9 +70,11 @@ def _toml_string(text: str) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from runtime import compile_cache
     from runtime.run import run
 
     config = _config(args)
+    compile_cache.enable()  # the model, engine and train step this machine compiled before
     console = Console()
     summary = run(config, args.out, progress=not args.no_progress, log=lambda m: console.print(m))
     _print_summary(console, summary, args.out)
@@ -78,13 +82,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    """The warm start ``rlx run`` would begin from, through the same cache, and its pass rate."""
+    """The warm start ``rlx run`` would begin from, through the same cache, and its pass rate. With
+    ``--model`` the checkpoint itself is warm-started (``rlx run`` uses a checkpoint as it is), and
+    the saved copy keeps its tokenizer, chat template and generation files."""
     from rich.console import Console
 
+    from runtime import compile_cache
     from runtime.errors import UsageError
     from runtime.session import build_session
 
     config = _config(args)
+    compile_cache.enable()
     if config.pretrain.steps < 1:
         raise UsageError(f"pretrain.steps must be >= 1 for rlx pretrain, got {config.pretrain.steps}")
     if args.out is not None:
@@ -94,7 +102,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         if os.path.exists(os.path.join(args.out, "config.json")):
             raise UsageError(f"{args.out!r} already holds a checkpoint (config.json); choose another --out")
     console = Console()
-    session = build_session(config, log=lambda m: console.print(m))
+    session = build_session(config, log=lambda m: console.print(m), warm_checkpoint=True)
     rate = session.evaluate(session.model.params, limit=config.pretrain.eval_size)
     warm = session.warm_start
     console.print(f"checkpoint ({'loaded from the cache' if warm['cached'] else 'trained now'}): {warm['checkpoint']}")
@@ -103,6 +111,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         from runtime.model import save_hf
 
         save_hf(args.out, session.model)
+        if config.model.path is not None:
+            from runtime.model.hf_text import copy_text_files
+
+            copy_text_files(config.model.path, args.out)
         console.print(f"saved to {args.out}: `rlx run --model {args.out}` starts RL from it")
     return 0
 
@@ -110,8 +122,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from runtime import compile_cache
     from runtime.run import resume
 
+    compile_cache.enable()  # a resume goes back to work without compiling again what the run compiled
     console = Console()
     summary = resume(args.out, run_id=args.run_id, progress=not args.no_progress, log=lambda m: console.print(m))
     if summary is not None:

@@ -1,4 +1,4 @@
-"""The decoder (Llama / Qwen2 family): config, parameters, forward paths, HF interop, tokenizer.
+"""The decoder (Llama / Mistral / Qwen2 / Qwen3 family): config, parameters, forward paths, HF interop, tokenizer.
 
 Entry points:
 

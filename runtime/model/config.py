@@ -1,4 +1,4 @@
-"""Typed configuration of the decoder (Llama / Qwen2 family)."""
+"""Typed configuration of the decoder (Llama / Mistral / Qwen2 / Qwen3 family)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from runtime.errors import UsageError
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("linear", "llama3")
 
 
@@ -45,9 +45,16 @@ class ModelConfig:
 
     RMSNorm, rotary position embeddings, grouped-query attention (``num_heads`` a multiple of
     ``num_kv_heads``), SwiGLU MLP. ``architecture`` names the Hugging Face family the weights are
-    exchanged with: ``"llama"`` (``LlamaForCausalLM``) or ``"qwen2"`` (``Qwen2ForCausalLM``,
-    which always has q/k/v biases). ``dtype`` is the compute dtype, ``param_dtype`` the dtype the
-    parameters are stored and trained in; norms, softmax and logits are always float32.
+    exchanged with: ``"llama"`` (``LlamaForCausalLM``), ``"mistral"`` (``MistralForCausalLM``, no
+    biases), ``"qwen2"`` (``Qwen2ForCausalLM``, which always has q/k/v biases) or ``"qwen3"``
+    (``Qwen3ForCausalLM``: ``qk_norm``, an RMSNorm over each head of q and k before the rotary
+    embedding, and a ``head_dim`` that need not be ``hidden_size / num_heads``). ``dtype`` is the
+    compute dtype, ``param_dtype`` the dtype the parameters are stored and trained in; norms,
+    softmax and logits are always float32.
+
+    ``sliding_window`` (Mistral; None = none) is the number of keys a query may see, itself
+    included. Attention here is always full causal attention, which is the same computation as
+    long as no sequence is longer than the window: ``check_sequence_length`` refuses longer ones.
 
     The config is hashable, so it can be a static argument of ``jax.jit``.
     """
@@ -65,6 +72,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     o_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
     max_position_embeddings: int = 2048
     architecture: str = "llama"
     dtype: str = "float32"
@@ -107,6 +116,15 @@ class ModelConfig:
             raise UsageError(
                 f"model config architecture={self.architecture!r}: accepted: "
                 f"{', '.join(ARCHITECTURES)}"
+            )
+        if self.sliding_window is not None and (
+            not isinstance(self.sliding_window, int)
+            or isinstance(self.sliding_window, bool)
+            or self.sliding_window <= 0
+        ):
+            raise UsageError(
+                f"model config sliding_window={self.sliding_window!r}: must be a positive "
+                "integer or None"
             )
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
@@ -151,6 +169,16 @@ class ModelConfig:
         if self.eos_token_id is None:
             return ()
         return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+
+    def check_sequence_length(self, length: int) -> None:
+        """Refuse sequences of ``length`` tokens longer than the sliding window, which full causal
+        attention would not reproduce."""
+        if self.sliding_window is not None and length > self.sliding_window:
+            raise UsageError(
+                f"sequences of {length} tokens exceed the model's sliding_window="
+                f"{self.sliding_window}; sliding-window attention is not supported, so sequences "
+                f"(longest prompt + sampling.max_tokens) must be at most {self.sliding_window} tokens"
+            )
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)

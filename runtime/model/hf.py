@@ -24,6 +24,20 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# The files of a checkpoint that describe its tokenizer, chat template and generation defaults.
+TOKENIZER_FILES = (
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    GENERATION_CONFIG_FILE,
+)
 DEFAULT_SHARD_BYTES = 5 * 2**30
 
 
@@ -34,7 +48,7 @@ def _read_json(path: pathlib.Path) -> dict[str, Any]:
         raise UsageError(f"{path} is not valid JSON: {e}") from e
 
 
-def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
+def _weight_files(directory: pathlib.Path) -> list[pathlib.Path]:
     single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
     if single.is_file():
         files = [single]
@@ -50,8 +64,12 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
             )
     else:
         raise UsageError(f"{directory}: no weights found; expected {WEIGHTS_FILE} or {INDEX_FILE}")
+    return files
+
+
+def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
     tensors = {}
-    for file in files:
+    for file in _weight_files(directory):
         try:
             with safe_open(str(file), framework="flax") as f:
                 for name in f.keys():
@@ -61,8 +79,26 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
     return tensors
 
 
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def weight_dtypes(path: str | os.PathLike) -> dict[str, str]:
+    """The dtype (numpy name) of every tensor of a checkpoint directory, read from the
+    safetensors headers alone."""
+    dtypes = {}
+    for file in _weight_files(pathlib.Path(path)):
+        try:
+            with safe_open(str(file), framework="flax") as f:
+                for name in f.keys():
+                    stored = f.get_slice(name).get_dtype()
+                    dtypes[name] = _SAFETENSORS_DTYPES.get(stored, stored.lower())
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise UsageError(f"{file} could not be read as safetensors: {e}") from e
+    return dtypes
+
+
 def load_hf(path: str | os.PathLike, **overrides: Any) -> Model:
-    """Load a local Hugging Face Llama or Qwen2 checkpoint directory.
+    """Load a local Hugging Face Llama, Mistral, Qwen2 or Qwen3 checkpoint directory.
 
     Args:
       path: the directory.
@@ -89,7 +125,7 @@ def load_hf(path: str | os.PathLike, **overrides: Any) -> Model:
     return Model(config, params, tokenizer)
 
 
-def _tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:
+def tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:
     """``tokenizer_config.json`` so that ``AutoTokenizer`` wraps ``tokenizer.json``."""
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     for key, token in (
@@ -103,20 +139,21 @@ def _tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:
     return config
 
 
-def save_hf(
-    path: str | os.PathLike, model: Model, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
-) -> None:
-    """Write ``model`` as a Hugging Face directory that Transformers loads.
+def write_weights(
+    directory: pathlib.Path,
+    tensors: dict[str, Any],
+    *,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> list[str]:
+    """Write ``tensors`` as ``model.safetensors``, or, when they exceed ``max_shard_bytes``, as
+    ``model-0000i-of-0000n.safetensors`` shards with ``model.safetensors.index.json`` (tensors in
+    name order, as Transformers lays them out). Replaces the weights already in ``directory``.
 
-    Weights larger than ``max_shard_bytes`` are split into ``model-0000i-of-0000n.safetensors``
-    shards with an index, as Transformers does.
+    Returns:
+      The names of the files written.
     """
     if max_shard_bytes <= 0:
         raise UsageError(f"max_shard_bytes={max_shard_bytes}: must be positive")
-    directory = pathlib.Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / CONFIG_FILE).write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")
-    tensors = params_to_hf(model.params, model.config)
     shards: list[dict[str, Any]] = [{}]
     size = 0
     for name in sorted(tensors):
@@ -135,17 +172,37 @@ def save_hf(
     metadata = {"format": "pt"}
     if len(shards) == 1:
         save_file(shards[0], str(directory / WEIGHTS_FILE), metadata=metadata)
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards, 1):
-            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(directory / name), metadata=metadata)
-            weight_map.update({tensor: name for tensor in shard})
-        total = sum(t.size * t.dtype.itemsize for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        return [WEIGHTS_FILE]
+    weight_map = {}
+    names = []
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / name), metadata=metadata)
+        weight_map.update({tensor: name for tensor in shard})
+        names.append(name)
+    total = sum(t.size * t.dtype.itemsize for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return [*names, INDEX_FILE]
+
+
+def save_hf(
+    path: str | os.PathLike, model: Model, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> None:
+    """Write ``model`` as a Hugging Face directory that Transformers loads.
+
+    Weights larger than ``max_shard_bytes`` are split into ``model-0000i-of-0000n.safetensors``
+    shards with an index, as Transformers does.
+    """
+    if max_shard_bytes <= 0:
+        raise UsageError(f"max_shard_bytes={max_shard_bytes}: must be positive")
+    directory = pathlib.Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")
+    tensors = params_to_hf(model.params, model.config)
+    write_weights(directory, tensors, max_shard_bytes=max_shard_bytes)
     if model.tokenizer is not None:
         model.tokenizer.save(str(directory / TOKENIZER_FILE))
         (directory / "tokenizer_config.json").write_text(
-            json.dumps(_tokenizer_config(model.tokenizer), indent=2) + "\n"
+            json.dumps(tokenizer_config(model.tokenizer), indent=2) + "\n"
         )

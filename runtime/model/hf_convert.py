@@ -1,6 +1,7 @@
 """Pure conversions between Hugging Face checkpoints and ``ModelConfig`` + flax parameters.
 
-Covers ``LlamaForCausalLM`` and ``Qwen2ForCausalLM``. A Hugging Face ``Linear`` weight is
+Covers ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` and
+``Qwen3ForCausalLM``. A Hugging Face ``Linear`` weight is
 ``[out, in]``; a flax ``Dense`` kernel is ``[in, out]``: kernels are transposed, everything else
 (embeddings, norm scales, biases) is copied. ``source`` arguments only name the checkpoint in
 error messages.
@@ -19,7 +20,15 @@ from runtime.errors import UsageError
 from runtime.model.config import ARCHITECTURES, ModelConfig, RopeScaling
 from runtime.model.transformer import init_params
 
-HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+# What Transformers assumes when a config.json leaves these fields out.
+_QWEN3_HEAD_DIM = 128
+_MISTRAL_SLIDING_WINDOW = 4096
 # Buffers some checkpoints carry that hold no learned state.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -102,8 +111,16 @@ def config_from_hf(
     rope_theta, rope_scaling = _rope(hf, source)
     if arch == "qwen2":
         qkv_bias, o_bias = True, False
+    elif arch == "mistral":
+        qkv_bias = o_bias = False
     else:
         qkv_bias = o_bias = bool(hf.get("attention_bias", False))
+    head_dim = hf.get("head_dim")
+    if head_dim is None and arch == "qwen3":
+        head_dim = _QWEN3_HEAD_DIM
+    sliding_window = None
+    if arch == "mistral":
+        sliding_window = hf.get("sliding_window", _MISTRAL_SLIDING_WINDOW)
     fields = dict(
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -111,13 +128,15 @@ def config_from_hf(
         num_heads=hf["num_attention_heads"],
         num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         intermediate_size=hf["intermediate_size"],
-        head_dim=hf.get("head_dim"),
+        head_dim=head_dim,
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
+        qk_norm=arch == "qwen3",
+        sliding_window=sliding_window,
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         architecture=arch,
         initializer_range=float(hf.get("initializer_range", 0.02)),
@@ -136,9 +155,22 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         raise UsageError(
             f"qwen2 needs qkv_bias=True and o_bias=False, got {c.qkv_bias} and {c.o_bias}"
         )
-    if c.architecture == "llama" and c.qkv_bias != c.o_bias:
+    if c.architecture in ("llama", "qwen3") and c.qkv_bias != c.o_bias:
         raise UsageError(
-            f"llama biases q/k/v and o together; got qkv_bias={c.qkv_bias}, o_bias={c.o_bias}"
+            f"{c.architecture} biases q/k/v and o together; got qkv_bias={c.qkv_bias}, "
+            f"o_bias={c.o_bias}"
+        )
+    if c.architecture == "mistral" and (c.qkv_bias or c.o_bias):
+        raise UsageError(
+            f"mistral has no attention biases, got qkv_bias={c.qkv_bias}, o_bias={c.o_bias}"
+        )
+    if c.qk_norm != (c.architecture == "qwen3"):
+        raise UsageError(
+            f"{c.architecture} with qk_norm={c.qk_norm}: only qwen3 has (and needs) q/k norms"
+        )
+    if c.sliding_window is not None and c.architecture != "mistral":
+        raise UsageError(
+            f"{c.architecture} with sliding_window={c.sliding_window}: only mistral has one here"
         )
     eos = list(c.eos_token_id) if isinstance(c.eos_token_id, tuple) else c.eos_token_id
     hf = {
@@ -165,8 +197,12 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     }
     if c.architecture == "llama":
         hf.update(attention_bias=c.qkv_bias, mlp_bias=False)
+    elif c.architecture == "mistral":
+        hf.update(sliding_window=c.sliding_window)
     else:
         hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=c.num_layers)
+        if c.architecture == "qwen3":
+            hf.update(attention_bias=c.qkv_bias)
     return hf
 
 
@@ -192,6 +228,9 @@ def _layout(config: ModelConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
                 table[hf + f"self_attn.{proj}.bias"] = ((ours, "self_attn", proj, "bias"), False)
         if config.o_bias:
             table[hf + "self_attn.o_proj.bias"] = ((ours, "self_attn", "o_proj", "bias"), False)
+        if config.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                table[hf + f"self_attn.{norm}.weight"] = ((ours, "self_attn", norm, "scale"), False)
         for proj in ("gate_proj", "up_proj", "down_proj"):
             table[hf + f"mlp.{proj}.weight"] = ((ours, "mlp", proj, "kernel"), True)
     return table

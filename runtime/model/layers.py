@@ -1,9 +1,9 @@
 """Building blocks of the decoder: RMSNorm, attention projections, SwiGLU MLP.
 
-Parameter names follow Hugging Face's Llama / Qwen2 modules (``q_proj``, ``input_layernorm``, …)
-so the checkpoint mapping is a rename plus a transpose. Attention itself is not computed here:
-``DecoderLayer`` takes an ``attend`` function, so the full forward (dense causal attention) and the
-paged prefill/decode paths run the very same projections, norms and MLP.
+Parameter names follow Hugging Face's Llama / Qwen2 / Qwen3 modules (``q_proj``, ``q_norm``,
+``input_layernorm``, …) so the checkpoint mapping is a rename plus a transpose. Attention itself
+is not computed here: ``DecoderLayer`` takes an ``attend`` function, so the full forward (dense
+causal attention) and the paged prefill/decode paths run the very same projections, norms and MLP.
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Dense(c.num_kv_heads * c.head_dim, use_bias=c.qkv_bias, **dense)
         self.v_proj = nn.Dense(c.num_kv_heads * c.head_dim, use_bias=c.qkv_bias, **dense)
         self.o_proj = nn.Dense(c.hidden_size, use_bias=c.o_bias, **dense)
+        if c.qk_norm:  # Qwen3: one RMSNorm over head_dim, shared by the heads
+            self.q_norm = RMSNorm(c)
+            self.k_norm = RMSNorm(c)
 
     def __call__(
         self, x_BTD: jax.Array, positions_BT: jax.Array, attend: Attend
@@ -71,10 +74,12 @@ class Attention(nn.Module):
         assert c.head_dim is not None  # filled in by ModelConfig.__post_init__
         B, T, _ = x_BTD.shape
         angles_BTF = rotary_angles(positions_BT, c)
-        q_BTHD = apply_rotary(self.q_proj(x_BTD).reshape(B, T, c.num_heads, c.head_dim), angles_BTF)
-        k_BTKD = apply_rotary(
-            self.k_proj(x_BTD).reshape(B, T, c.num_kv_heads, c.head_dim), angles_BTF
-        )
+        q_BTHD = self.q_proj(x_BTD).reshape(B, T, c.num_heads, c.head_dim)
+        k_BTKD = self.k_proj(x_BTD).reshape(B, T, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q_BTHD, k_BTKD = self.q_norm(q_BTHD), self.k_norm(k_BTKD)
+        q_BTHD = apply_rotary(q_BTHD, angles_BTF)
+        k_BTKD = apply_rotary(k_BTKD, angles_BTF)
         v_BTKD = self.v_proj(x_BTD).reshape(B, T, c.num_kv_heads, c.head_dim)
         attn_BTHD, state = attend(q_BTHD, k_BTKD, v_BTKD)
         return self.o_proj(attn_BTHD.reshape(B, T, c.num_heads * c.head_dim)), state

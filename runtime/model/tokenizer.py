@@ -7,6 +7,7 @@ stable: the special tokens first, then the alphabet in the given order.
 
 from __future__ import annotations
 
+import json
 import string
 
 from tokenizers import Tokenizer, decoders, models
@@ -48,3 +49,15 @@ def special_token_ids(tokenizer: Tokenizer) -> dict[str, int | None]:
         "eos_token_id": tokenizer.token_to_id(EOS),
         "pad_token_id": tokenizer.token_to_id(PAD),
     }
+
+
+def one_token_per_char(tokenizer: Tokenizer) -> bool:
+    """Whether ``tokenizer`` encodes each character as (at most) one token: a BPE model with no
+    merges, normalizer, pre-tokenizer, byte fallback or subword affixes, as ``char_tokenizer``
+    builds. Then a text's characters bound its tokens (an added token may cover several)."""
+    spec = json.loads(tokenizer.to_str())
+    model = spec.get("model") or {}
+    return (model.get("type") == "BPE" and not model.get("merges") and not model.get("byte_fallback")
+            and not model.get("continuing_subword_prefix") and not model.get("end_of_word_suffix")
+            and model.get("dropout") is None and spec.get("normalizer") is None
+            and spec.get("pre_tokenizer") is None)

@@ -16,7 +16,7 @@ import numpy as np
 from ledger import events as ev
 from runtime.replay.plan import Published, SampledRollout, StepPlan
 
-STAGES = ("ledger", "controller", "weights", "rollout", "params")
+STAGES = ("ledger", "controller", "snapshot", "weights", "rollout", "params")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +24,8 @@ class Divergence:
     """One place where the replay and the ledger disagree.
 
     Attributes:
-      stage: ``ledger`` (hash chain), ``controller`` (a logged decision), ``weights`` (a train
+      stage: ``ledger`` (hash chain), ``controller`` (a logged decision), ``snapshot`` (a stored
+        controller snapshot that is not the fold at its seq), ``weights`` (a train
         step), ``rollout`` (a re-sampled completion) or ``params`` (the run's parameter store).
       seq: the ledger position of the event that disagrees.
       kind: that event's kind.

@@ -30,6 +30,8 @@ class ReplayReport:
       fingerprint_diff: fingerprint keys that differ from the ``RunStarted`` record.
       seconds: wall time of the replay (for reporting only).
       requested_version: the version asked for (``--from-version``).
+      snapshots_checked: stored controller snapshots proven equal to the fold at their seq
+        (``--check-snapshots``; 0 without it).
     """
 
     run_id: str
@@ -43,6 +45,7 @@ class ReplayReport:
     fingerprint_diff: dict[str, dict[str, Any]]
     seconds: float = 0.0
     requested_version: int = 0
+    snapshots_checked: int = 0
 
     @property
     def match(self) -> bool:
@@ -65,6 +68,7 @@ class ReplayReport:
             "final_version": self.final_version,
             "final_digest": self.final_digest,
             "rollouts_regenerated": self.rollouts_regenerated,
+            "snapshots_checked": self.snapshots_checked,
             "first_divergence": None if first is None else first.to_dict(),
             "divergence_count": len(self.divergences),
             "divergences": [d.to_dict() for d in self.divergences[:SHOWN_DIVERGENCES]],

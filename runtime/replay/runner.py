@@ -3,12 +3,16 @@
 Stages, each stopping the replay when it fails:
 
 1. the ledger's hash chain verifies;
-2. folding the log re-decides every controller decision identically (I6);
+2. folding the log re-decides every controller decision identically (I6); with
+   ``check_snapshots`` every stored controller snapshot equals the fold at its seq, byte for byte;
 3. the session is rebuilt from the logged config (same task, tokenizer, warm start — cached and
    deterministic — and engine shape), version 0 is re-created and every committed train step is
    re-run from its logged batch with the run's own ``StepTrainer``, comparing each step's batch
    digest, metrics and weights digest; with ``regenerate`` every accepted rollout is re-sampled
    from its version's re-derived weights and compared token by token and log-prob bit by bit.
+
+Every stage streams the log (``runtime.replay.plan``): memory follows what the run held live
+(the controller's state and payload cache, the versions it retained), not the log's length.
 
 The run's parameter store is only read: it must hold every version the ledger retains, with the
 logged digests. Re-derived versions go to a private in-memory store, from which versions are
@@ -22,9 +26,9 @@ from collections.abc import Callable
 
 from runtime.errors import UsageError
 from runtime.replay.divergence import Divergence, compare_rollout, compare_step, compare_version0, fingerprint_diff
-from runtime.replay.plan import ReplayPlan, SampledRollout, StepPlan, plan_replay, replay_start
+from runtime.replay.plan import ReplayIndex, Sampled, StepPlan, index_run, replay_start, stream_replay
 from runtime.replay.report import ReplayReport, ordered
-from runtime.replay.source import open_params, read_run
+from runtime.replay.source import open_params
 from runtime.rundir import RunDir
 
 Log = Callable[[str], None]
@@ -35,8 +39,8 @@ def _quiet(message: str) -> None:
 
 
 def replay_run(directory: str, *, run_id: str | None = None, from_version: int = 0, regenerate: bool = False,
-               log: Log = _quiet, warn: Log = _quiet) -> ReplayReport:
-    """Replay the run in ``directory`` (see the module docstring).
+               check_snapshots: bool = False, log: Log = _quiet, warn: Log = _quiet) -> ReplayReport:
+    """Replay the run in ``directory`` (see the module docstring), streaming its events.
 
     Args:
       directory: the run directory (``ledger.db``, ``params/``).
@@ -45,90 +49,119 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
         (``replay_start``; ``params.keep_every`` keeps checkpoints), loaded from the run's
         parameter store and checked against the ledger's digest; 0 rebuilds version 0.
       regenerate: also re-sample every rollout from a re-derived version.
+      check_snapshots: also prove that every stored controller snapshot equals the fold of the
+        log up to its seq.
       log: progress lines.
       warn: called once when the current fingerprint differs from the recorded one.
 
     Raises:
       UsageError: bad directory, run or ``from_version``.
     """
-    from runtime.controller import ReplayDivergence, replay
-    from runtime.session import fingerprint
+    from ledger import LedgerError, open_store
 
-    t0 = time.monotonic()
-    start = from_version  # until the plan says which kept version re-training starts from
-    source = read_run(directory, run_id)
-    run_id = source.run_id
+    rundir = RunDir(directory)
+    rundir.check_exists()
+    with open_store(directory, readonly=True) as store:
+        run_id = rundir.select_run(store, run_id)
+        return _Replay(directory, store, run_id, log, warn).run(from_version, regenerate, check_snapshots,
+                                                               LedgerError)
 
-    def report(divergences: list[Divergence], *, steps_total: int = 0, verified: int = 0,
-               final: tuple[int, str] | None = None, regenerated: int = 0, fp: dict | None = None) -> ReplayReport:
-        return ReplayReport(run_id, start, steps_total, verified, final and final[0], final and final[1],
-                            regenerated, ordered(divergences), fp or {}, time.monotonic() - t0, from_version)
 
-    if not source.chain.ok:
-        c = source.chain
-        return report([Divergence("ledger", c.first_bad_seq or 0, source.first_bad_kind or "missing", "chain",
-                                  f"hash chain: {c.reason}")])
-    plan = plan_replay(source.events)
-    # Replay re-trains from logged outcomes and judges nothing: the code sandbox is not compared.
-    recorded = {k: v for k, v in plan.run.fingerprint.items() if k != "sandbox"}
-    fp = fingerprint_diff(recorded, fingerprint())
-    if fp:
-        warn(f"the environment differs from the one recorded in RunStarted ({', '.join(fp)}): "
-             "bits may differ on another stack")
-    last = plan.steps[-1].step if plan.steps else 0
-    if type(from_version) is not int or not 0 <= from_version <= last or from_version not in plan.versions:
-        raise UsageError(f"--from-version {from_version!r} is not accepted; run {run_id!r} has versions 0..{last}")
-    start = replay_start(plan, from_version)
-    if start != from_version:
-        log(f"version {from_version} is not kept: re-training from version {start}, the nearest kept before it")
+class _Replay:
+    """One replay of one run, each stage a streaming pass over the store."""
 
-    url = RunDir(directory).logged_params(plan.run.config)
-    pstore = open_params(url)
-    divergences = _check_stored(plan, pstore, url)
-    log(f"folding {len(source.events)} events of run {run_id!r} with decision checks")
-    try:
-        replay(source.events, check=True)
-    except ReplayDivergence as e:
-        divergences.append(Divergence("controller", e.seq, e.kind, e.field, str(e)))
-        return report(divergences, steps_total=len(plan.steps), fp=fp)
+    def __init__(self, directory: str, store, run_id: str, log: Log, warn: Log):
+        self.directory, self.store, self.run_id, self.log, self.warn = directory, store, run_id, log, warn
+        self.t0 = time.monotonic()
+        self.start = 0
+        self.requested = 0
+        self.steps_total = 0
+        self.fp: dict = {}
+        self.snapshots_checked = 0
 
-    rerun = _Rerun(plan, directory, pstore, log)
-    if regenerate:
-        for shape in recorded_engine_shapes(source.events):
-            rebuilt = rerun.session.engine.batch_shape
-            differs = sorted(k for k in set(shape) | set(rebuilt) if shape.get(k) != rebuilt.get(k))
-            if differs:
-                warn(f"the rebuilt engine's batch shape differs from the run's ({', '.join(differs)}): "
-                     "re-sampled bits may differ")
-    divergences += rerun.start(start)
-    if not rerun.stopped:
+    def events(self):
+        return self.store.read(self.run_id)
+
+    def report(self, divergences: list[Divergence], *, verified: int = 0, final: tuple[int, str] | None = None,
+               regenerated: int = 0) -> ReplayReport:
+        return ReplayReport(self.run_id, self.start, self.steps_total, verified, final and final[0],
+                            final and final[1], regenerated, ordered(divergences), self.fp,
+                            time.monotonic() - self.t0, self.requested, self.snapshots_checked)
+
+    def run(self, from_version: int, regenerate: bool, check_snapshots: bool, ledger_error) -> ReplayReport:
+        from runtime.controller import ReplayDivergence, snapshot
+        from runtime.session import fingerprint
+
+        self.start = self.requested = from_version  # until the index says which kept version re-training starts from
+        chain = self.store.verify(self.run_id)
+        if not chain.ok:
+            seq = chain.first_bad_seq or 0
+            try:
+                bad = next(iter(self.store.scan(self.run_id, seq, seq)), None)
+            except ledger_error:  # an unreadable record: its kind is unknown too
+                bad = None
+            return self.report([Divergence("ledger", seq, "missing" if bad is None else bad.kind, "chain",
+                                           f"hash chain: {chain.reason}")])
+        index = index_run(self.events())
+        self.steps_total = len(index.steps)
+        # Replay re-trains from logged outcomes and judges nothing: the code sandbox is not compared.
+        recorded = {k: v for k, v in index.run.fingerprint.items() if k != "sandbox"}
+        self.fp = fingerprint_diff(recorded, fingerprint())
+        if self.fp:
+            self.warn(f"the environment differs from the one recorded in RunStarted ({', '.join(self.fp)}): "
+                      "bits may differ on another stack")
+        last = index.steps[-1].step if index.steps else 0
+        if type(from_version) is not int or not 0 <= from_version <= last or from_version not in index.versions:
+            raise UsageError(f"--from-version {from_version!r} is not accepted; run {self.run_id!r} has versions 0..{last}")
+        self.start = start = replay_start(index, from_version)
+        if start != from_version:
+            self.log(f"version {from_version} is not kept: re-training from version {start}, the nearest kept before it")
+
+        url = RunDir(self.directory).logged_params(index.run.config)
+        pstore = open_params(url)
+        divergences = _check_stored(index, pstore, url)
+        self.log(f"folding {index.events} events of run {self.run_id!r} with decision checks"
+                 + (", proving its snapshots" if check_snapshots else ""))
+        try:
+            _, proofs = snapshot.prove(self.store, self.run_id, snapshots=check_snapshots)
+        except ReplayDivergence as e:
+            divergences.append(Divergence("controller", e.seq, e.kind, e.field, str(e)))
+            return self.report(divergences)
+        for proof in proofs:
+            if proof.ok:
+                self.snapshots_checked += 1
+            else:
+                divergences.append(Divergence("snapshot", proof.seq, "snapshot", "state",
+                                              f"the stored snapshot at seq {proof.seq} is not the fold: {proof.reason}"))
+        if check_snapshots:
+            self.log(f"{self.snapshots_checked} of {len(proofs)} snapshots equal the fold at their seq")
+
+        rerun = _Rerun(index, self.directory, pstore, self.log, sample=regenerate)
         if regenerate:
-            divergences += rerun.regenerate(start)
-        for step in plan.steps:
-            if step.step <= start:
-                continue
-            divergences += rerun.train(step)
-            if rerun.stopped:
-                break
-            if regenerate:
-                divergences += rerun.regenerate(step.step)
-    return report(divergences, steps_total=len(plan.steps), verified=rerun.verified, final=rerun.final,
-                  regenerated=rerun.regenerated, fp=fp)
+            for shape in index.engine_shapes:
+                rebuilt = rerun.session.engine.batch_shape
+                differs = sorted(k for k in set(shape) | set(rebuilt) if shape.get(k) != rebuilt.get(k))
+                if differs:
+                    self.warn(f"the rebuilt engine's batch shape differs from the run's ({', '.join(differs)}): "
+                              "re-sampled bits may differ")
+        divergences += rerun.start(start)
+        if not rerun.stopped:
+            for item in stream_replay(self.events(), index, start=start, sampled=regenerate):
+                if isinstance(item, StepPlan):
+                    divergences += rerun.train(item)
+                    if rerun.stopped:
+                        break
+                else:
+                    divergences += rerun.regenerate(item)
+        return self.report(divergences, verified=rerun.verified, final=rerun.final, regenerated=rerun.regenerated)
 
 
 def recorded_engine_shapes(events) -> list[dict]:
     """The distinct engine batch shapes inference workers recorded when they joined."""
-    shapes = []
-    for stored in events:
-        e = stored.event
-        if e.KIND == "WorkerJoined" and e.role == "inference" and isinstance(e.info.get("engine"), dict):
-            shape = {k: list(v) if isinstance(v, tuple) else v for k, v in e.info["engine"].items()}
-            if shape not in shapes:
-                shapes.append(shape)
-    return shapes
+    return list(index_run(events).engine_shapes)
 
 
-def _check_stored(plan: ReplayPlan, pstore, url: str) -> list[Divergence]:
+def _check_stored(plan: ReplayIndex, pstore, url: str) -> list[Divergence]:
     """The run's parameter store holds every retained version with its logged digest (I8)."""
     from runtime.params import ParamStoreError
 
@@ -157,7 +190,7 @@ def _check_stored(plan: ReplayPlan, pstore, url: str) -> list[Divergence]:
 class _Rerun:
     """The session, a private parameter store and the run's workers, re-running versions in order."""
 
-    def __init__(self, plan: ReplayPlan, directory: str, pstore, log: Log):
+    def __init__(self, plan: ReplayIndex, directory: str, pstore, log: Log, *, sample: bool):
         import tensorstore as ts
 
         from runtime.config import Config
@@ -167,14 +200,15 @@ class _Rerun:
 
         self.plan, self.pstore, self.log = plan, pstore, log
         config = Config.from_dict(plan.run.config)
-        self.session = session = build_session(config, log=log, judge=False)
+        self.session = session = build_session(config, log=log, judge=False, engine=sample)
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,
                                    session.step_config, group_size=config.sampling.group_size,
                                    width=session.width)
-        self.sampler = EngineWorker("replay-inference", session.engine, session.task, session.codec,
-                                    lambda v: (self.store.get(v), self.store.digest(v)))
+        self.sampler = None if not sample else EngineWorker(
+            "replay-inference", session.engine, session.task, session.codec,
+            lambda v: (self.store.get(v), self.store.digest(v)))
         self.verified = 0
         self.regenerated = 0
         self.final: tuple[int, str] | None = None
@@ -199,8 +233,8 @@ class _Rerun:
         self.final = (version, self.plan.versions[version].event.digest)
         for step in self.plan.steps:
             if step.step > version:
-                for v in sorted(step.row_versions() - step.unavailable):
-                    if 0 < v < version and v not in self.store.versions():
+                for v in sorted(step.row_versions()):
+                    if 0 < v < version and not step.could_not_read(v) and v not in self.store.versions():
                         self._copy(v, opt_state=False, needed_by=step.step)
         return [reference] if reference else []
 
@@ -219,9 +253,9 @@ class _Rerun:
 
     def train(self, step: StepPlan) -> list[Divergence]:
         """Re-run one step; stops the replay when its weights differ."""
-        present = set(self.store.versions())
-        for v in sorted(step.unavailable & present):
-            self.store.delete(v)
+        for v in self.store.versions():
+            if step.could_not_read(v):
+                self.store.delete(v)
         trained, published = self.trainer.train(step.task)
         self.final = (step.step, published.digest)
         found = compare_step(step, trained, published)
@@ -232,11 +266,12 @@ class _Rerun:
                  f"{' (step metrics differ)' if found and not differs else ''}")
         return found
 
-    def regenerate(self, version: int) -> list[Divergence]:
-        """Re-sample every accepted rollout of ``version`` and compare it with the logged one."""
-        sampled: tuple[SampledRollout, ...] = self.plan.rollouts.get(version, ())
+    def regenerate(self, batch: Sampled) -> list[Divergence]:
+        """Re-sample every accepted rollout of a version and compare it with the logged one."""
+        version, sampled = batch.version, batch.rollouts
         if not sampled:
             return []
+        assert self.sampler is not None  # built when re-sampling
         got = {c.rollout_id: c for c in self.sampler.generate([r.lease for r in sampled])}
         self.regenerated += len(sampled)
         out = [d for r in sampled if (d := compare_rollout(r, got[r.lease.rollout_id])) is not None]

@@ -17,7 +17,7 @@ import numpy as np
 
 from runtime import rng
 from runtime.errors import UsageError
-from runtime.model.tokenizer import BOS_ID, EOS_ID
+from runtime.model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from verifiers.outcome import Outcome
 
 
@@ -25,29 +25,76 @@ from verifiers.outcome import Outcome
 class TextCodec:
     """Text <-> token ids for prompts and completions, with the model's special tokens.
 
-    A prompt is ``<bos>`` (when the model has one) + the prompt's tokens; a completion ends at
-    the first end-of-sequence id. The built-in character tokenizer uses ``BOS_ID``/``EOS_ID``;
-    a Hugging Face checkpoint brings its own ids (``config.json``).
+    A plain prompt is ``<bos>`` (when the model's tokenizer starts prompts with one) + the
+    prompt's tokens. With a chat ``template`` the prompt is the template's rendering of the
+    problem's messages (a ``{"prompt"}`` row is one user message) with the generation prompt
+    appended, tokenized as it is: the template writes any BOS itself. A completion ends at the
+    first of ``eos_ids``; a supervised target ends with ``eos_ids[0]``.
+
+    Attributes:
+      tokenizer: a ``tokenizers.Tokenizer``.
+      bos_id: prepended to a plain prompt, or None.
+      eos_ids: every id that ends a completion.
+      pad_id: the id of padded positions (masked out of attention and loss).
+      template: a ``runtime.model.chat_template.ChatTemplate``, or None.
+      char_level: the tokenizer maps each character to one token (the built-in tokenizer), so a
+        prompt's characters bound its tokens without encoding it.
+      max_prompt_tokens: ``data.max_prompt_tokens``: ``encode_prompt`` refuses a longer prompt.
     """
 
     tokenizer: Any
     bos_id: int | None = BOS_ID
     eos_ids: tuple[int, ...] = (EOS_ID,)
+    pad_id: int = PAD_ID
+    template: Any = None
+    char_level: bool = False
+    max_prompt_tokens: int | None = None
 
     @classmethod
-    def for_model(cls, model) -> TextCodec:
-        return cls.for_config(model.config, model.tokenizer)
+    def builtin(cls) -> TextCodec:
+        """The codec of the built-in character-level tokenizer."""
+        from runtime.model.tokenizer import char_tokenizer
+
+        return cls(char_tokenizer(), char_level=True)
 
     @classmethod
-    def for_config(cls, c, tokenizer) -> TextCodec:
-        """The codec of a model with ``ModelConfig`` ``c`` and ``tokenizer`` (no weights needed)."""
-        eos = c.eos_token_ids if c.eos_token_ids else (EOS_ID,)
-        return cls(tokenizer, c.bos_token_id, tuple(int(e) for e in eos))
+    def for_checkpoint(cls, text) -> TextCodec:
+        """The codec of a checkpoint's ``runtime.model.hf_text.CheckpointText``."""
+        from runtime.model.tokenizer import one_token_per_char
+
+        return cls(text.tokenizer, text.bos_id, tuple(text.eos_ids), text.pad_id, text.chat_template,
+                   char_level=text.chat_template is None and one_token_per_char(text.tokenizer))
+
+    @property
+    def template_digest(self) -> str | None:
+        """sha256 of the chat template's text, or None without one."""
+        return None if self.template is None else self.template.digest
+
+    def prompt_text(self, problem: Problem) -> str:
+        """The text the model is prompted with (before ``<bos>``)."""
+        if self.template is None:
+            if problem.messages:
+                raise UsageError('a {"messages"} row needs the checkpoint\'s chat template: set '
+                                 "data.chat_template=true")
+            return problem.prompt
+        messages = problem.messages or (("user", problem.prompt),)
+        return self.template.render([{"role": role, "content": content} for role, content in messages])
+
+    def _with_bos(self, ids: Sequence[int]) -> np.ndarray:
+        head = [] if self.bos_id is None or self.template is not None else [self.bos_id]
+        return np.asarray([*head, *ids], np.int32)
 
     def encode_prompt(self, problem: Problem) -> np.ndarray:
-        ids = self.tokenizer.encode(problem.prompt, add_special_tokens=False).ids
-        head = [] if self.bos_id is None else [self.bos_id]
-        return np.asarray([*head, *ids], np.int32)
+        ids = self._with_bos(self.tokenizer.encode(self.prompt_text(problem), add_special_tokens=False).ids)
+        if self.max_prompt_tokens is not None and ids.size > self.max_prompt_tokens:
+            raise UsageError(f"the prompt {problem.prompt[:60]!r} has {ids.size} tokens, more than "
+                             f"data.max_prompt_tokens {self.max_prompt_tokens}")
+        return ids
+
+    def encode_prompts(self, problems: Sequence[Problem]) -> list[np.ndarray]:
+        """``encode_prompt`` of each problem, encoded as one batch."""
+        texts = [self.prompt_text(p) for p in problems]
+        return [self._with_bos(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
     def target_ids(self, problem: Problem) -> list[int]:
         """The supervised completion: the target's tokens and the first end-of-sequence id."""
@@ -72,12 +119,16 @@ class Problem:
       answer: the reference final answer (math-style tasks), or None.
       tests: code-style tests, or None (task-specific, e.g. ``(x, f(x))`` pairs or IO tests).
       target: the completion text a supervised warm start trains on (without ``<eos>``).
+      messages: ``(role, content)`` pairs of a chat prompt, rendered by the model's chat template
+        (empty: the prompt is ``prompt``, one user message under a template); ``prompt`` is then
+        the last message's content, for display.
     """
 
     prompt: str
     answer: str | None = None
     tests: tuple = ()
     target: str | None = None
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 class Task(abc.ABC):
@@ -132,11 +183,24 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def max_prompt_chars(self) -> int:
-        """An upper bound on the characters of any prompt of either split.
+        """An upper bound on the characters of any prompt of either split (its tokens, under a
+        character-level tokenizer)."""
 
-        A token covers at least one character, so this plus ``<bos>`` bounds the prompt's tokens:
-        it fixes the engine's prefill bucket and the trainer's batch width for the whole run.
+    def prompt_where(self, split: str, index: int) -> str:
+        """Where problem ``index`` of ``split`` comes from, for error messages."""
+        return f"task {self.name!r} {split} problem {index}"
+
+    def max_prompt_tokens(self, codec: TextCodec, *, limit: int, why: str) -> int:
+        """The longest prompt of either split in ``codec``'s tokens (its ``<bos>`` included).
+
+        It fixes the engine's prefill bucket and the trainer's batch width for the whole run.
+        Under a character-level codec the characters bound it without encoding anything; else
+        every prompt is encoded once, and one longer than ``limit`` is an error naming it
+        (``why`` says where the limit comes from).
         """
+        if codec.char_level:
+            return self.max_prompt_chars() + (codec.bos_id is not None)
+        return scan_prompt_tokens(self, codec, limit=limit, why=why)
 
     def describe(self) -> dict[str, Any]:
         """The task's identity for the run config (name and parameters)."""
@@ -154,6 +218,23 @@ class Task(abc.ABC):
             row["target"] = p.target
         return row
 
+
+SCAN_CHUNK = 4096
+
+
+def scan_prompt_tokens(task: Task, codec: TextCodec, *, limit: int, why: str) -> int:
+    """The longest prompt of ``task`` in ``codec``'s tokens, every prompt encoded; the first one
+    longer than ``limit`` is a one-line error naming it."""
+    longest = 0
+    for split, size in (("train", task.train_size), ("eval", task.eval_size)):
+        for start in range(0, size, SCAN_CHUNK):
+            indices = range(start, min(size, start + SCAN_CHUNK))
+            for i, ids in zip(indices, codec.encode_prompts([task.problem(split, i) for i in indices]), strict=True):
+                if ids.size > limit:
+                    raise UsageError(f"{task.prompt_where(split, i)}: its prompt has {ids.size} tokens, more than the "
+                                     f"{limit} a prompt may have ({why})")
+                longest = max(longest, int(ids.size))
+    return longest
 
 
 def split_indices(total: int, eval_size: int, seed: int, purpose: str = rng.EVAL_SPLIT) -> np.ndarray:

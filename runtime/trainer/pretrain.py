@@ -22,15 +22,16 @@ import optax
 from runtime import rng
 from runtime.config import PretrainConfig
 from runtime.errors import UsageError
-from runtime.model import PAD_ID, Model, forward, load_hf, save_hf
+from runtime.model import Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
 from runtime.trainer.step import standard_promotion
 
 
 def pack_supervised(task: Task, codec: TextCodec, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(tokens_BT, attention_BT, target_mask_BS)`` for prompt + target + ``<eos>`` rows."""
+    """``(tokens_BT, attention_BT, target_mask_BS)`` for prompt + target + ``<eos>`` rows, padded
+    with the codec's pad id."""
     B = len(indices)
-    tokens = np.full((B, width), PAD_ID, np.int32)
+    tokens = np.full((B, width), codec.pad_id, np.int32)
     attention = np.zeros((B, width), bool)
     mask = np.zeros((B, width - 1), bool)
     for b, i in enumerate(indices):
@@ -77,10 +78,10 @@ class _Adam:
         return self.tx.update(grads, state, params)
 
 
-def warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, width: int,
+def warm_start(model: Model, task: Task, codec: TextCodec, config: PretrainConfig, *, seed: int, width: int,
                progress=None) -> tuple[Model, list[float]]:
-    """Train ``model`` on the task's reference completions (batches drawn with run seed ``seed``);
-    return it and the loss curve."""
+    """Train ``model`` on the task's reference completions, prompts and targets encoded by
+    ``codec`` (batches drawn with run seed ``seed``); return it and the loss curve."""
     opt = _Adam(config.learning_rate)
     params = jax.tree.map(jnp.array, model.params)
     state = opt.init(params)
@@ -95,7 +96,7 @@ def warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, w
             idx = batches.integers(task.train_size, size=config.batch_size)
         else:
             idx = pool[batches.integers(len(pool), size=config.batch_size)]
-        tokens, attention, mask = pack_supervised(task, TextCodec.for_model(model), idx, width)
+        tokens, attention, mask = pack_supervised(task, codec, idx, width)
         params, state, loss = _sft_step(
             params, state, tokens, attention, mask, model_config=model.config, optimizer=opt
         )
@@ -105,9 +106,11 @@ def warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, w
     return model.with_params(params), losses
 
 
-def cache_key(model: Model, task: Task, config: PretrainConfig, seed: int, width: int) -> str:
+def cache_key(model: Model, task: Task, config: PretrainConfig, seed: int, width: int,
+              codec: TextCodec | None = None) -> str:
     """Digest of everything the warm start depends on (not where it is cached or how it is
-    evaluated)."""
+    evaluated); a codec that renders a chat template or differs from the built-in one in its
+    special ids counts too."""
     ident = {
         "model": dataclasses.asdict(model.config),
         "init": hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(model.params))).hexdigest(),
@@ -117,17 +120,22 @@ def cache_key(model: Model, task: Task, config: PretrainConfig, seed: int, width
         "width": width,
         "format": 2,
     }
+    if codec is not None and codec.template is not None:
+        ident["chat_template"] = codec.template_digest
+    if codec is not None and not codec.char_level:
+        ident["text"] = {"bos": codec.bos_id, "eos": list(codec.eos_ids), "pad": codec.pad_id,
+                         "tokenizer": hashlib.sha256(codec.tokenizer.to_str().encode()).hexdigest()}
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def cached_warm_start(model: Model, task: Task, config: PretrainConfig, *, seed: int, width: int, cache_dir: str,
-                      progress=None) -> tuple[Model, str, bool]:
+def cached_warm_start(model: Model, task: Task, codec: TextCodec, config: PretrainConfig, *, seed: int, width: int,
+                      cache_dir: str, progress=None) -> tuple[Model, str, bool]:
     """``warm_start`` through an on-disk cache; returns (model, checkpoint dir, loaded_from_cache)."""
-    path = os.path.join(cache_dir, cache_key(model, task, config, seed, width))
+    path = os.path.join(cache_dir, cache_key(model, task, config, seed, width, codec))
     if os.path.isfile(os.path.join(path, "config.json")):
         loaded = load_hf(path)
         return loaded, path, True
-    trained, _ = warm_start(model, task, config, seed=seed, width=width, progress=progress)
+    trained, _ = warm_start(model, task, codec, config, seed=seed, width=width, progress=progress)
     tmp = path + f".tmp{os.getpid()}"
     save_hf(tmp, trained)
     os.makedirs(cache_dir, exist_ok=True)

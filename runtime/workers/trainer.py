@@ -16,7 +16,7 @@ from ledger.events import TrainStepCompleted, WeightsPublished
 from runtime.controller.workers import InitTask, TrainTask
 from runtime.errors import RlxError
 from runtime.failpoints import failpoint
-from runtime.model import PAD_ID, Model
+from runtime.model import Model
 from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
 from runtime.trainer.batch import Sample, pack
@@ -87,7 +87,7 @@ class StepTrainer:
                 reward=float(r.outcome.reward),
                 policy_version=int(r.completion.policy_version),
             ))
-        batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=PAD_ID)
+        batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id)
         device_batch = jax.device_put(batch)
         current = batch.versions_B == task.parent_version
         logp_old = np.zeros(batch.mask_BS.shape, np.float32)

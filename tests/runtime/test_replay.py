@@ -201,14 +201,16 @@ def test_fingerprint_diff_lists_differing_keys_only():
 
 @pytest.fixture(scope="module")
 def checkpointed(small_run, tmp_path_factory):
-    """A 5-step run of the small run's config with max_staleness 0 and ``params.keep_every`` 2."""
+    """A 5-step run of the small run's config with max_staleness 0, ``params.keep_every`` 2 and a
+    controller snapshot every 25 events."""
     from runtime.run import run
 
     _, _, config = small_run
     config = dataclasses.replace(
         config, run=dataclasses.replace(config.run, steps=5),
         scheduling=dataclasses.replace(config.scheduling, max_staleness=0),
-        params=dataclasses.replace(config.params, keep_every=2))
+        params=dataclasses.replace(config.params, keep_every=2),
+        ledger=dataclasses.replace(config.ledger, snapshot_every=25))
     out = str(tmp_path_factory.mktemp("checkpointed") / "run")
     summary = run(config, out, progress=False, log=lambda m: None)
     return out, summary
@@ -242,3 +244,33 @@ def test_a_checkpoint_whose_weights_differ_from_the_ledger_is_refused(checkpoint
     store.put(2, params, opt)  # version 4's weights under version 2
     with pytest.raises(UsageError, match="stored version 2 does not have the digest the ledger names"):
         replay_run(bad, from_version=3)
+
+
+@pytest.mark.slow
+def test_check_snapshots_proves_each_snapshot_and_names_one_that_is_not_the_fold(checkpointed, tmp_path, capsys):
+    from ledger.store import StoredSnapshot
+    from runtime.controller import snapshot
+
+    out, summary = checkpointed
+    with open_store(out) as store:
+        snaps = store.snapshots("run")
+    assert len(snaps) == snapshot.KEPT
+    assert main(["replay", out, "--check-snapshots", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["match"] and doc["snapshots_checked"] == snapshot.KEPT
+    assert doc["final_digest"] == summary["final_digest"]
+    # A forged snapshot: an older state under the newest one's seq, with a checksum that holds.
+    bad = str(tmp_path / "forged")
+    shutil.copytree(out, bad)
+    newest, older = snaps[0], snaps[1]
+    forged = StoredSnapshot(newest.run_id, newest.seq, newest.format, newest.chain_digest, older.body,
+                            snapshot.checksum(newest.chain_digest, older.body))
+    with open_store(bad) as store:
+        store.put_snapshot(forged, keep=snapshot.KEPT)
+    report = replay_run(bad, check_snapshots=True)
+    assert not report.match and report.snapshots_checked == snapshot.KEPT - 1
+    first = report.first_divergence
+    assert (first.stage, first.seq, first.field) == ("snapshot", newest.seq, "state")
+    assert "differs from the fold" in first.message
+    assert report.final_digest == summary["final_digest"]  # the weights still replay: only the snapshot is wrong
+    assert replay_run(bad).match  # without the flag snapshots are not read

@@ -77,3 +77,18 @@ def test_a_code_task_refuses_the_weak_sandbox_unless_named(tmp_path):
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "rlimits" in done.stderr and not out.exists()
+
+
+def test_a_sliding_window_shorter_than_the_sequences(capsys, tmp_path):
+    """Attention is full causal attention, the same as a sliding window only up to its length."""
+    import jax
+
+    from runtime.model import Model, ModelConfig, char_tokenizer, save_hf
+
+    tok = char_tokenizer()
+    mc = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+                     intermediate_size=16, architecture="mistral", sliding_window=8, bos_token_id=1, eos_token_id=2,
+                     pad_token_id=0)
+    save_hf(str(tmp_path / "ckpt"), Model.init(mc, key=jax.random.key(0), tokenizer=tok))
+    refused(capsys, tmp_path, ["run", "--out", str(tmp_path / "run"), "--model", str(tmp_path / "ckpt"), *FAST],
+            "exceed the model's sliding_window=8; sliding-window attention is not supported")

@@ -89,6 +89,11 @@ def test_jsonl_rows_split_and_score(tmp_path):
         (['{"prompt": "a", "answer": "1"}', '{"prompt": "b", "tests": [{"input": 1}]}'], "tests[0]"),
         (['{"prompt": "a", "answer": "1", "extra": 1}', '{"prompt": "b", "answer": "2"}'], "unknown keys ['extra']"),
         (['{"prompt": "a", "answer": "1"}'], "need at least 2"),
+        (['{"prompt": "a", "answer": "1"}', '{"prompt": "b", "messages": [], "answer": "1"}'],
+         "data.jsonl:2: give exactly one of 'prompt' (text) or 'messages' (a chat)"),
+        (['{"prompt": "a", "answer": "1"}', '{"messages": [], "answer": "1"}'], "'messages' must be a list of 1..1024"),
+        (['{"prompt": "a", "answer": "1"}', '{"messages": [{"role": "robot", "content": "x"}], "answer": "1"}'],
+         "data.jsonl:2: messages[0] must be {\"role\": one of system, user, assistant, tool"),
     ],
 )
 def test_malformed_jsonl_rows_are_named(tmp_path, lines, message):
@@ -114,6 +119,31 @@ def test_max_prompt_chars_bounds_every_prompt(name, params):
     assert max(lengths) <= task.max_prompt_chars()
     if name == "arithmetic":
         assert max(lengths) == task.max_prompt_chars()
+
+
+def test_messages_rows_keep_their_chat_and_line_numbers(tmp_path):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": chat, "answer": "2"}) + "\n\n" + json.dumps({"prompt": "2+2=", "answer": "4"})
+                    + "\n")
+    task = make_task("jsonl", path=str(path), eval_fraction=0.5, seed=0)
+    problems = {task.prompt_where(s, 0): task.problem(s, 0) for s in ("train", "eval")}
+    assert sorted(problems) == [f"{path}:1", f"{path}:3"]  # the blank line is counted
+    first = problems[f"{path}:1"]
+    assert first.messages == (("system", "Be brief."), ("user", "1+1=")) and first.prompt == "1+1="
+    codec = TextCodec.builtin()
+    with pytest.raises(UsageError, match=r'\{"messages"\} row needs the checkpoint\'s chat template'):
+        task.max_prompt_tokens(codec, limit=100, why="test")
+
+
+def test_a_character_level_tokenizer_counts_characters():
+    from runtime.model.tokenizer import one_token_per_char
+    from tests.runtime.model.tiny_checkpoint import bpe_tokenizer
+
+    assert one_token_per_char(char_tokenizer()) and TextCodec.builtin().char_level
+    assert not one_token_per_char(bpe_tokenizer(["12+34=", "46"]))
+    task = make_task("arithmetic", digits=2, eval_size=50)
+    assert task.max_prompt_tokens(TextCodec.builtin(), limit=1, why="unused") == 2 * 2 + 2 + 1  # "ab+cd=" and <bos>
 
 
 def test_codefn_rows_read_back_as_the_same_problems_judged_in_the_sandbox(tmp_path):

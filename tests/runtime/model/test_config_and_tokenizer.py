@@ -38,7 +38,7 @@ def test_defaults_and_derived_values():
         (dict(num_kv_heads=3), "num_heads=4 is not a multiple of num_kv_heads=3"),
         (dict(hidden_size=30), "hidden_size=30 is not a multiple of num_heads=4"),
         (dict(num_layers=0), "num_layers=0: must be a positive integer"),
-        (dict(architecture="gpt2"), "architecture='gpt2': accepted: llama, qwen2"),
+        (dict(architecture="gpt2"), "architecture='gpt2': accepted: llama, mistral, qwen2, qwen3"),
         (dict(dtype="float16"), "dtype='float16': accepted: float32, bfloat16"),
         (dict(eos_token_id=50), r"eos_token_id=50: token ids must be in \[0, 50\)"),
         (dict(head_dim=7), "head_dim=7: must be a positive even integer"),

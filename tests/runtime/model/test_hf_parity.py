@@ -1,7 +1,9 @@
 """Logit parity with Hugging Face Transformers (PyTorch, CPU) in both directions.
 
-Tiny random models (hidden 64, 2 layers, vocab 97) cover grouped-query attention, tied
-embeddings, q/k/v (and o) biases and non-default rope_theta. Weights are drawn wider than the
+Tiny random models (hidden 64, 2 layers, vocab 97) of the four architectures (Llama, Mistral,
+Qwen2, Qwen3) cover grouped-query attention, tied embeddings, q/k/v (and o) biases, Qwen3's q/k
+norms, a head_dim other than hidden / heads, a sliding window no shorter than the sequences and
+non-default rope_theta. Weights are drawn wider than the
 default init (std 0.2, norm scales around 1) so that a wrong transpose, rotary convention or
 bias shows up far above the 1e-4 tolerance.
 """
@@ -26,6 +28,7 @@ from runtime.model import (  # noqa: E402
     load_hf,
     save_hf,
 )
+from runtime.model.hf_convert import config_to_hf  # noqa: E402
 
 VOCAB = 97
 TOL = 1e-4
@@ -64,6 +67,40 @@ VARIANTS = {
                 "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 16,
             },
+        ),
+    ),
+    "mistral_gqa_window_head_dim": (
+        "MistralConfig",
+        # The window covers the 12-token test sequences, where it is full causal attention.
+        dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=16),
+    ),
+    "mistral_no_window_tied": (
+        "MistralConfig",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            sliding_window=None,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen3_gqa_head_dim_untied": (
+        "Qwen3Config",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            tie_word_embeddings=False,
+            rope_theta=1e6,
+        ),
+    ),
+    "qwen3_tied_bias": (
+        "Qwen3Config",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            tie_word_embeddings=True,
+            attention_bias=True,
         ),
     ),
     "qwen2_gqa_tied_theta": (
@@ -150,8 +187,17 @@ def test_left_and_right_padding_match_transformers(tmp_path):
     np.testing.assert_allclose(ours_left, alone, atol=1e-5, rtol=0)
 
 
-def test_sharded_checkpoint_loads(tmp_path):
-    hf_model = _hf_model("qwen2_gqa_tied_theta", seed=3)
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "llama_gqa_untied_theta",
+        "mistral_gqa_window_head_dim",
+        "qwen2_gqa_tied_theta",
+        "qwen3_gqa_head_dim_untied",
+    ],
+)
+def test_sharded_checkpoint_loads(variant, tmp_path):
+    hf_model = _hf_model(variant, seed=3)
     hf_model.save_pretrained(tmp_path, max_shard_size="40KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()
     assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
@@ -178,6 +224,19 @@ def _our_model(config: ModelConfig, seed: int) -> Model:
         ("llama", dict(num_kv_heads=4, tie_word_embeddings=True, qkv_bias=True, o_bias=True)),
         ("qwen2", dict(num_kv_heads=1, qkv_bias=True, tie_word_embeddings=True, rope_theta=1e6)),
         ("llama", dict(num_kv_heads=2, rope_scaling=RopeScaling("linear", factor=4.0))),
+        ("mistral", dict(num_kv_heads=2, head_dim=8, sliding_window=32)),
+        ("mistral", dict(num_kv_heads=1, tie_word_embeddings=True)),
+        ("qwen3", dict(num_kv_heads=2, head_dim=24, qk_norm=True, rope_theta=1e6)),
+        (
+            "qwen3",
+            dict(
+                num_kv_heads=4,
+                qk_norm=True,
+                qkv_bias=True,
+                o_bias=True,
+                tie_word_embeddings=True,
+            ),
+        ),
     ],
 )
 def test_save_hf_loads_in_transformers(arch, kwargs, tmp_path):
@@ -241,7 +300,7 @@ def test_missing_and_unsupported_checkpoints_are_named(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     with pytest.raises(
-        UsageError, match="model_type 'gpt2' is not supported; accepted: llama, qwen2"
+        UsageError, match="model_type 'gpt2' is not supported; accepted: llama, mistral, qwen2, qwen3"
     ):
         load_hf(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
@@ -255,3 +314,37 @@ def test_missing_and_unsupported_checkpoints_are_named(tmp_path):
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(UsageError, match="no weights found; expected model.safetensors"):
         load_hf(tmp_path)
+
+
+def test_sliding_window_shorter_than_the_sequences_is_refused(tmp_path):
+    hf_model = _hf_model("mistral_gqa_window_head_dim")
+    hf_model.save_pretrained(tmp_path)
+    config = load_hf(tmp_path).config
+    assert config.sliding_window == 16 and config.head_dim == 8
+    config.check_sequence_length(16)  # up to the window, full causal attention is the same
+    with pytest.raises(
+        UsageError, match="sequences of 17 tokens exceed the model's sliding_window=16"
+    ):
+        config.check_sequence_length(17)
+    # Transformers' default window when a Mistral config.json leaves the field out.
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["sliding_window"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert load_hf(tmp_path).config.sliding_window == 4096
+
+
+def test_inconsistent_architecture_variants_are_refused():
+    base = dict(
+        vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=32
+    )
+    for arch, kwargs, message in [
+        ("qwen3", {}, "qwen3 with qk_norm=False: only qwen3 has"),
+        ("llama", dict(qk_norm=True), "llama with qk_norm=True: only qwen3 has"),
+        ("mistral", dict(qkv_bias=True, o_bias=True), "mistral has no attention biases"),
+        ("qwen2", dict(qkv_bias=True, sliding_window=8), "qwen2 with sliding_window=8"),
+    ]:
+        config = ModelConfig(architecture=arch, **base, **kwargs)
+        with pytest.raises(UsageError, match=message):
+            config_to_hf(config)
+    with pytest.raises(UsageError, match="sliding_window=0: must be a positive integer or None"):
+        ModelConfig(architecture="mistral", sliding_window=0, **base)

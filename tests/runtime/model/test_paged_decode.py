@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from runtime.model import KVCache, Model, ModelConfig, decode, forward, init_cache, prefill
 
@@ -18,6 +19,8 @@ CONFIG = ModelConfig(
     qkv_bias=True,
     rope_theta=1000.0,
 )
+# q/k norms and a head_dim other than hidden / heads go through the same layer code.
+QWEN3 = CONFIG.replace(architecture="qwen3", qk_norm=True, head_dim=12, qkv_bias=False)
 PAGE, PAGES_PER_SEQ, NUM_PAGES = 4, 4, 20  # up to 16 tokens per sequence
 # float32 on CPU: the decode path and the full forward differ only in summation order.
 DECODE_TOL = 1e-5
@@ -45,18 +48,19 @@ def _tables(num_seqs: int, seed: int) -> np.ndarray:
     return perm[: num_seqs * PAGES_PER_SEQ].reshape(num_seqs, PAGES_PER_SEQ).astype(np.int32)
 
 
-def test_prefill_then_decode_matches_full_forward():
-    model = _model()
+@pytest.mark.parametrize("config", [CONFIG, QWEN3], ids=["llama_bias", "qwen3_qk_norm_head_dim"])
+def test_prefill_then_decode_matches_full_forward(config):
+    model = _model(config)
     rng = np.random.default_rng(0)
     total = 13
-    seqs = rng.integers(0, CONFIG.vocab_size, (3, total)).astype(np.int32)
+    seqs = rng.integers(0, config.vocab_size, (3, total)).astype(np.int32)
     prompt_lengths = np.array([5, 1, 8], np.int32)
-    full = np.asarray(forward(model.params, seqs, config=CONFIG))
+    full = np.asarray(forward(model.params, seqs, config=config))
     table = _tables(3, seed=1)
-    cache = _nan_cache()
+    cache = _nan_cache(config)
     bucket = 8
     prompts = np.where(np.arange(bucket) < prompt_lengths[:, None], seqs[:, :bucket], 0)
-    logits, cache = prefill(model.params, prompts, prompt_lengths, cache, table, config=CONFIG)
+    logits, cache = prefill(model.params, prompts, prompt_lengths, cache, table, config=config)
     diffs = [np.abs(np.asarray(logits) - full[np.arange(3), prompt_lengths - 1]).max()]
     # Four slots: three sequences fed their own next tokens, one empty slot (position -1);
     # each sequence stops at a different step and its slot then becomes empty.
@@ -69,7 +73,7 @@ def test_prefill_then_decode_matches_full_forward():
             np.where(active, seqs[np.arange(3), np.minimum(position, total - 1)], 0), 0
         )
         positions = np.append(np.where(active, position, -1), -1).astype(np.int32)
-        logits, cache = decode(model.params, tokens, positions, cache, slots_table, config=CONFIG)
+        logits, cache = decode(model.params, tokens, positions, cache, slots_table, config=config)
         logits = np.asarray(logits)
         assert np.isfinite(logits).all()
         for b in np.flatnonzero(active):
