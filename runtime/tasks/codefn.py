@@ -55,7 +55,10 @@ class CodeFunctions(Task):
                 f"codefn needs problems >= 2 * eval_size >= 2, got problems={problems!r}, eval_size={eval_size!r}"
             )
         self.path = None if path is None else os.path.abspath(path)
-        self._rows = None if self.path is None else load_rows(self.path)
+        self._rows: list[Problem] | None = None
+        self._lines: list[int] = []
+        if self.path is not None:
+            self._rows, self._lines = load_rows(self.path)
         self.problems, self.seed = (problems if self._rows is None else len(self._rows)), seed
         functions = len(COEFFICIENTS) * len(OFFSETS)
         # Held-out *functions*, so evaluation measures generalisation, not memorisation.
@@ -83,6 +86,11 @@ class CodeFunctions(Task):
         if self._rows is None:
             return None
         return np.asarray([i for i, p in enumerate(self._rows) if p.target is not None], np.int64)
+
+    def prompt_where(self, split: str, index: int) -> str:
+        if split == "train" and self._rows is not None:
+            return f"{self.path}:{self._lines[index]}"
+        return super().prompt_where(split, index)
 
     def train_row(self, index: int) -> int:
         """The row of the data file (see ``runtime.tasks.jsonl.read_rows``) of training problem ``index``."""
@@ -161,11 +169,12 @@ def _row(where: str, row: object) -> Problem:
     return Problem(prompt=prompt, answer=target, tests=tuple(tests), target=target)
 
 
-def load_rows(path: str) -> list[Problem]:
-    """The function-test rows of a JSONL file as problems; one clear error for the first bad row."""
+def load_rows(path: str) -> tuple[list[Problem], list[int]]:
+    """The function-test rows of a JSONL file as problems, and their line numbers; one clear error
+    for the first bad row."""
     if not os.path.isfile(path):
         raise UsageError(f"data file {path!r} does not exist (expected a JSONL file of codefn rows)")
-    problems = []
+    problems, lines = [], []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
@@ -175,6 +184,7 @@ def load_rows(path: str) -> list[Problem]:
             except json.JSONDecodeError as e:
                 raise UsageError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})") from None
             problems.append(_row(f"{path}:{line_no}", row))
+            lines.append(line_no)
     if not problems:
         raise UsageError(f"data file {path!r} has no rows; codefn needs at least one training row")
-    return problems
+    return problems, lines

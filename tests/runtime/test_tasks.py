@@ -153,7 +153,7 @@ def test_codefn_rows_read_back_as_the_same_problems_judged_in_the_sandbox(tmp_pa
     p = gen.problem("train", 5)
     assert rows[0] == {"prompt": p.prompt, "calls": [{"args": [x], "output": y} for x, y in p.tests], "target": p.target}
     path = tmp_path / "fns.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"prompt": "f(0)=1;f(x)=", "calls": '
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '\n{"prompt": "f(0)=1;f(x)=", "calls": '
                     '[{"args": [2], "output": 5}]}\n')  # a row without a target: trained by RL only
     task = make_task("codefn", path=str(path), eval_size=40, seed=3)
     assert (task.train_size, task.eval_size) == (4, 40)
@@ -161,6 +161,8 @@ def test_codefn_rows_read_back_as_the_same_problems_judged_in_the_sandbox(tmp_pa
     assert [task.problem("eval", j) for j in range(40)] == [gen.problem("eval", j) for j in range(40)]  # same held-out
     assert task.supervised_indices().tolist() == [0, 1, 2]
     assert task.describe()["path"] == str(path) and "path" not in gen.describe()
+    assert [task.prompt_where("train", 2), task.prompt_where("train", 3)] == [f"{path}:3", f"{path}:5"]  # blank line 4
+    assert task.prompt_where("eval", 1) == gen.prompt_where("eval", 1)
     q = task.problem("train", 3)
     outcomes = task.score([p, p, q, q], [p.target, "x", "2*x+1", "2*x"])
     assert [(o.verifier, o.verdict) for o in outcomes] == [("code", "AC"), ("code", "WA"), ("code", "AC"), ("code", "WA")]
