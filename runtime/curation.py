@@ -1,16 +1,18 @@
 """``rlx curate``'s data rows: a run's prompt index back to a row the next run takes as ``--data``.
 
 The ledger logs a prompt as an index into the training split of the run's task; the run's logged
-config (``RunStarted``) names the task. For a JSONL task (``data.path``) the row is the file's
-own row, copied verbatim (its answer or tests, its target), found through the same seeded
-train/eval split the run used. For a built-in task it is ``{"prompt", "answer"}`` (and
-``"target"`` where the warm-start target differs from the answer) from the task's problem; the
-next run checks such rows with the math verifier, so a built-in task judged by running code
-(``codefn``) becomes a task whose answer is compared as an expression.
+config (``RunStarted``) names the task. For a task that read a data file (``data.path``) the row
+is the file's own row, copied verbatim (its answer, tests or calls, its target), found through
+the same seeded train/eval split the run used. For a generated task it is the task's
+:meth:`~runtime.tasks.Task.data_row`, a row the same task reads back as the same problem, judged
+the same way: ``{"prompt", "answer"}`` for arithmetic (the math verifier), ``{"prompt",
+"calls", "target"}`` function tests for ``codefn`` (the code sandbox; the next run names the
+task, :attr:`DataSource.run_args`).
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 
 import apache_beam as beam
@@ -29,14 +31,14 @@ class DataSource:
     def __init__(self, config: dict) -> None:
         from runtime.config import Config
         from runtime.session import make_task
-        from runtime.tasks.jsonl import JsonlTask, read_rows
+        from runtime.tasks.jsonl import read_rows
 
         if not config:
             raise UsageError("the run's first event is not RunStarted: its config (and so its data) is unknown")
         cfg = Config.from_dict(config)
         self.task = make_task(cfg)
         self.rows = None
-        if isinstance(self.task, JsonlTask):
+        if getattr(self.task, "path", None) is not None:
             logged = cfg.data.size
             if logged is not None and logged != self.task.train_size:
                 raise UsageError(f"data file {self.task.path!r} now has {self.task.train_size} training rows; the run "
@@ -46,13 +48,13 @@ class DataSource:
     def row(self, index: int) -> object:
         if self.rows is not None:
             return self.rows[self.task.train_row(index)]
-        p = self.task.problem("train", index)
-        if p.answer is None:
-            raise UsageError(f"task {self.task.name!r} has no answer for prompt {index}: it cannot be written as data")
-        row = {"prompt": p.prompt, "answer": p.answer}
-        if p.target is not None and p.target != p.answer:
-            row["target"] = p.target
-        return row
+        return self.task.data_row(index)
+
+    def run_args(self, out: str) -> str:
+        """The ``rlx run`` arguments that train on the curated file ``out`` with this task."""
+        if self.task.name == "jsonl" or not self.task.reads_path:
+            return f"--data {shlex.quote(out)}"
+        return f"--data {shlex.quote(out)} --set data.task={self.task.name}"
 
 
 class DataRows(beam.DoFn):

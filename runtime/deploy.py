@@ -76,7 +76,7 @@ def serve_controller(ledger_url: str, params_url: str, address, security, *, run
             ctrl = ControllerLoop.create(store, run_id=name, config=cfg.to_dict(), config_digest=cfg.digest(),
                                          seed=cfg.run.seed, fingerprint=fingerprint(),
                                          lease_timeout_s=cfg.workers.lease_timeout_s, on_retire=retirer,
-                                         snapshot_every=cfg.ledger.snapshot_every)
+                                         snapshot_every=cfg.ledger.snapshot_every, warn=say)
             say(f"created run {name!r} (writer epoch {ctrl.epoch})")
         if ctrl.finished:
             return _final(ctrl)

@@ -113,7 +113,7 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         ctrl = ControllerLoop.create(
             store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
             seed=config.run.seed, fingerprint=_fingerprint(session), lease_timeout_s=config.workers.lease_timeout_s,
-            on_retire=retirer, snapshot_every=config.ledger.snapshot_every,
+            on_retire=retirer, snapshot_every=config.ledger.snapshot_every, warn=log,
         )
         return _drive(session, config, out, store, pstore, ctrl, retirer, t_start, progress, log, workers)
     finally:

@@ -53,10 +53,14 @@ def fingerprint() -> dict:
 
 
 def make_task(config: Config):
-    """The run's task: ``data.task`` of the registry, or the JSONL file ``data.path``."""
+    """The run's task: ``data.task`` of the registry, or the JSONL file ``data.path`` (read by the
+    task itself when it takes a data file, e.g. ``codefn``; as ``jsonl`` rows otherwise)."""
+    from runtime.tasks import TASKS
     from runtime.tasks import make_task as build
 
     d = config.data
+    if d.path is not None and d.task != "jsonl" and getattr(TASKS.get(d.task), "reads_path", False):
+        return build(d.task, path=d.path, seed=config.run.seed)
     if d.task == "jsonl" or d.path is not None:
         if d.path is None:
             raise UsageError("data.task 'jsonl' needs data.path (a JSONL file)")

@@ -63,7 +63,7 @@ def cmd_curate(args: argparse.Namespace) -> int:
     from ledger.pipelines import curate_run
     from runtime.curation import DataRows, DataSource
 
-    DataSource(config)  # refuse a config or data file that cannot be rebuilt before any worker starts
+    source = DataSource(config)  # refuse a config or data file that cannot be rebuilt before any worker starts
     for path in (args.out, stats):
         parent = os.path.dirname(os.path.abspath(path))
         if "://" not in path and not os.path.isdir(parent):
@@ -71,13 +71,14 @@ def cmd_curate(args: argparse.Namespace) -> int:
     counts = curate_run(args.target, run, args.out, stats, data_row=DataRows(config),
                         versions=versions, band=band, range_events=args.range_events,
                         pipeline_args=list(args.passthrough))
-    doc = {"run_id": run, "out": args.out, "stats": stats, "versions": versions.describe(), **counts}
+    doc = {"run_id": run, "out": args.out, "stats": stats, "versions": versions.describe(),
+           "run_args": source.run_args(args.out), **counts}
     if args.json:
         print(json.dumps(doc, sort_keys=True))
     else:
         print(f"run {run}: {counts['events']} events, {counts['prompts']} prompts sampled (versions "
               f"{versions.describe()}), {counts['rollouts']} scored rollouts → {counts['kept']} prompts kept in "
-              f"{args.out}; statistics per prompt in {stats}")
+              f"{args.out}; statistics per prompt in {stats}; train on it with `rlx run {doc['run_args']}`")
     if counts["kept"] == 0:
         import sys
 

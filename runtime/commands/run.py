@@ -13,7 +13,8 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, help="training steps (run.steps)")
     p.add_argument("--seed", type=int, help="run seed (run.seed)")
     p.add_argument("--model", help="local Hugging Face checkpoint directory (model.path)")
-    p.add_argument("--data", help="JSONL file of {prompt, answer} or {prompt, tests} rows (data.path)")
+    p.add_argument("--data", help="JSONL file of {prompt, answer} or {prompt, tests} rows (data.path; "
+                                  "{prompt, calls} rows with --set data.task=codefn)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a config value, e.g. --set algorithm.name=rloo (repeatable)")
 
@@ -32,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="run seed (run.seed)")
     p.add_argument("--model", help="local Hugging Face checkpoint directory to warm-start (model.path; default: "
                                    "the built-in model)")
-    p.add_argument("--data", help="JSONL file of {prompt, answer} or {prompt, tests} rows (data.path)")
+    p.add_argument("--data", help="JSONL file of {prompt, answer} or {prompt, tests} rows (data.path; "
+                                  "{prompt, calls} rows with --set data.task=codefn)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a config value, e.g. --set pretrain.learning_rate=3e-3 (repeatable)")
     p.add_argument("--out", help="also save the warm-started model here, a Hugging Face checkpoint for --model")
@@ -48,16 +50,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _config(args: argparse.Namespace):
     from runtime.config import load_config
 
-    overrides = list(args.overrides)
+    overrides = []
+    if args.data is not None:  # before --set, so that a task reading data files itself can be named
+        overrides += [f"data.path={_toml_string(args.data)}", "data.task=\"jsonl\""]
+    overrides += args.overrides
     if args.steps is not None:
         overrides.append(f"{args.steps_field}={args.steps}")
     if args.seed is not None:
         overrides.append(f"run.seed={args.seed}")
     if args.model is not None:
         overrides.append(f"model.path={_toml_string(args.model)}")
-    if args.data is not None:
-        overrides.append(f"data.path={_toml_string(args.data)}")
-        overrides.append("data.task=\"jsonl\"")
     return load_config(args.config, overrides)
 
 

@@ -67,11 +67,14 @@ class ControllerLoop:
             held-out evaluator and the metrics log of ``rlx run`` listen here).
         snapshot_every: after an append that brings the head this many events past the last
             snapshot, write one (``runtime.controller.snapshot``); 0 never writes any.
+        warn: hears one line when a snapshot write fails after a good one (or the first write
+            fails), and one when a write succeeds again; failures in between are not repeated.
     """
 
     def __init__(self, store: EventStore, run_id: str, epoch: int, *, clock: Clock = time.monotonic,
                  lease_timeout_s: float = 120.0, on_retire: Callable[[tuple[int, ...]], None] | None = None,
-                 snapshot_every: int = 0, on_commit: Callable[[list[ev.Event]], None] | None = None):
+                 snapshot_every: int = 0, on_commit: Callable[[list[ev.Event]], None] | None = None,
+                 warn: snapshot.Warn | None = None):
         self.store = store
         self.run_id = run_id
         self.epoch = epoch
@@ -82,6 +85,8 @@ class ControllerLoop:
         self.snapshot_every = int(snapshot_every)
         self.snapshot_seq = 0  # seq of the newest snapshot written or resumed from
         self.snapshot_error: str | None = None  # why the last snapshot write failed, if it did
+        self.snapshot_failures = 0  # failed snapshot writes since the last good one
+        self.warn = warn
         self.cache = RolloutCache()
         self.head_seq = 0
         self.rejected = 0
@@ -120,12 +125,13 @@ class ControllerLoop:
 
         The fold continues ``start`` (a fold made before the epoch was taken, which this loop
         takes over) or starts from the newest usable snapshot (with ``snapshots``; ``warn`` hears
-        of skipped ones) or from seq 1; the tail is chain-checked as it is folded.
+        of skipped ones, and of failed snapshot writes later) or from seq 1; the tail is
+        chain-checked as it is folded.
 
         Every lease of the previous controller is given back by ``ControllerStarted``; workers
         join again and the requests are leased anew.
         """
-        loop = cls(store, run_id, store.acquire_epoch(run_id), **kwargs)
+        loop = cls(store, run_id, store.acquire_epoch(run_id), warn=warn, **kwargs)
         rec = snapshot.recover(store, run_id, start=start, snapshots=snapshots, check=check, warn=warn)
         loop._state, loop.cache, loop.head_seq = rec.state, rec.cache, rec.seq
         loop.snapshot_seq = rec.snapshot_seq
@@ -196,15 +202,24 @@ class ControllerLoop:
             return verdicts
 
     def _snapshot(self, digest: bytes) -> None:
-        """Write a snapshot at the head. A failed write is remembered in ``snapshot_error`` and
-        the run goes on: snapshots only shorten a later resume."""
+        """Write a snapshot at the head. A failed write (a ledger or I/O error) is remembered in
+        ``snapshot_error``, told to ``warn`` if the previous write was good, and the run goes on:
+        snapshots only shorten a later resume. The next one is tried ``snapshot_every`` events later."""
         self.snapshot_seq = self.head_seq
         try:
             snapshot.write(self.store, self.run_id, self.head_seq, digest, self._state, self.cache,
                            before_commit=lambda: failpoint("ledger.snapshot"))
-            self.snapshot_error = None
-        except LedgerError as e:
-            self.snapshot_error = f"snapshot at seq {self.head_seq} not written: {e}"
+        except (LedgerError, OSError) as e:
+            self.snapshot_error = f"snapshot of run {self.run_id!r} at seq {self.head_seq} not written: {e}"
+            self.snapshot_failures += 1
+            if self.snapshot_failures == 1 and self.warn is not None:
+                self.warn(f"warning: {self.snapshot_error}; the run goes on (a resume folds from an older "
+                          "snapshot), and later failures are not repeated until a write succeeds")
+            return
+        if self.snapshot_failures and self.warn is not None:
+            self.warn(f"snapshots of run {self.run_id!r} are written again (seq {self.head_seq}, after "
+                      f"{self.snapshot_failures} failed write{'s' if self.snapshot_failures > 1 else ''})")
+        self.snapshot_error, self.snapshot_failures = None, 0
 
     def _release(self, worker_id: str) -> None:
         """Give back what was handed out to a lost worker: its scoring and training hand-outs

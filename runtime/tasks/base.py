@@ -140,6 +140,8 @@ class Task(abc.ABC):
 
     name: str
     code_verifier: Any = None
+    reads_path: bool = False
+    """Whether the task takes its training problems from a data file (a ``path`` parameter)."""
 
     @property
     def has_code(self) -> bool:
@@ -203,6 +205,18 @@ class Task(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """The task's identity for the run config (name and parameters)."""
         return {"name": self.name}
+
+    def data_row(self, index: int) -> dict[str, Any]:
+        """Training problem ``index`` as a JSONL data row that a run reads back as the same
+        problem: ``{"prompt", "answer"}`` (and ``"target"`` where the warm-start target differs),
+        judged by the math verifier. A task judged otherwise overrides it."""
+        p = self.problem("train", index)
+        if p.answer is None:
+            raise UsageError(f"task {self.name!r} has no answer for prompt {index}: it cannot be written as data")
+        row: dict[str, Any] = {"prompt": p.prompt, "answer": p.answer}
+        if p.target is not None and p.target != p.answer:
+            row["target"] = p.target
+        return row
 
 
 SCAN_CHUNK = 4096

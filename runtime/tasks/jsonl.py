@@ -47,6 +47,9 @@ def _row_problem(path: str, line_no: int, row: object) -> Problem:
     if not isinstance(row, dict):
         raise UsageError(f"{where}: each line must be a JSON object, got {type(row).__name__}")
     unknown = sorted(set(row) - {"prompt", "messages", "answer", "tests", "target"})
+    if "calls" in row:
+        raise UsageError(f"{where}: 'calls' rows are function tests of the codefn task; read this file with "
+                         '--set data.task=codefn (data.path names it)')
     if unknown:
         raise UsageError(f"{where}: unknown keys {unknown}; accepted: prompt or messages, answer, tests, target")
     if ("prompt" in row) == ("messages" in row):
@@ -117,6 +120,7 @@ class JsonlTask(Task):
     """Problems from a JSONL file, split into train and held-out eval by the seed."""
 
     name = "jsonl"
+    reads_path = True
 
     def __init__(self, path: str, eval_fraction: float = 0.1, seed: int = 0):
         if not 0.0 < eval_fraction < 1.0:

@@ -224,6 +224,26 @@ def test_pretrain_alone_trains_or_loads_the_warm_start_and_saves_a_checkpoint(tm
 
 
 @pytest.mark.slow
+def test_failing_snapshot_writes_are_said_once_and_the_run_finishes(tmp_path, cache_dir):
+    out = str(tmp_path / "snapfail")
+    argv = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]
+    for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "run.steps=3", "ledger.snapshot_every=8"]:
+        argv += ["--set", o]
+    # The 1st and 2nd snapshot writes raise an I/O error; the later ones succeed.
+    proc = subprocess.run(argv, env={**os.environ, "RLX_FAILPOINTS": "ledger.snapshot@1:raise=2"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = " ".join(proc.stdout.split())  # the console wraps long lines
+    assert said.count("not written") == 1 and said.count("failpoint ledger.snapshot (reach 1)") == 1, said
+    assert said.count("are written again") == 1 and "after 2 failed writes" in said, said
+    with open(os.path.join(out, "summary.json")) as f:
+        assert json.load(f)["final_version"] == 3
+    with open_store(out) as store:
+        assert store.verify("run").ok
+        assert store.snapshots("run") and store.snapshots("run")[0].seq <= store.head("run").seq
+
+
+@pytest.mark.slow
 def test_resume_on_another_stack_says_so(tmp_path, cache_dir, monkeypatch):
     out = str(tmp_path / "moved")
     first = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]

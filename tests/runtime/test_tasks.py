@@ -144,3 +144,59 @@ def test_a_character_level_tokenizer_counts_characters():
     assert not one_token_per_char(bpe_tokenizer(["12+34=", "46"]))
     task = make_task("arithmetic", digits=2, eval_size=50)
     assert task.max_prompt_tokens(TextCodec.builtin(), limit=1, why="unused") == 2 * 2 + 2 + 1  # "ab+cd=" and <bos>
+
+
+def test_codefn_rows_read_back_as_the_same_problems_judged_in_the_sandbox(tmp_path):
+    gen = make_task("codefn", problems=400, eval_size=40, seed=3)
+    picked = [5, 0, 17]
+    rows = [gen.data_row(i) for i in picked]
+    p = gen.problem("train", 5)
+    assert rows[0] == {"prompt": p.prompt, "calls": [{"args": [x], "output": y} for x, y in p.tests], "target": p.target}
+    path = tmp_path / "fns.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '\n{"prompt": "f(0)=1;f(x)=", "calls": '
+                    '[{"args": [2], "output": 5}]}\n')  # a row without a target: trained by RL only
+    task = make_task("codefn", path=str(path), eval_size=40, seed=3)
+    assert (task.train_size, task.eval_size) == (4, 40)
+    assert [task.problem("train", k) for k in range(3)] == [gen.problem("train", i) for i in picked]
+    assert [task.problem("eval", j) for j in range(40)] == [gen.problem("eval", j) for j in range(40)]  # same held-out
+    assert task.supervised_indices().tolist() == [0, 1, 2]
+    assert task.describe()["path"] == str(path) and "path" not in gen.describe()
+    assert [task.prompt_where("train", 2), task.prompt_where("train", 3)] == [f"{path}:3", f"{path}:5"]  # blank line 4
+    assert task.prompt_where("eval", 1) == gen.prompt_where("eval", 1)
+    q = task.problem("train", 3)
+    outcomes = task.score([p, p, q, q], [p.target, "x", "2*x+1", "2*x"])
+    assert [(o.verifier, o.verdict) for o in outcomes] == [("code", "AC"), ("code", "WA"), ("code", "AC"), ("code", "WA")]
+    assert [task.reward(o) for o in outcomes] == [1.0, gen.reward(gen.score([p], ["x"])[0]), 1.0, 0.0]
+    assert task.max_prompt_chars() == gen.max_prompt_chars()
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "fns.jsonl:1: not valid JSON"),
+        ('{"prompt": "f(x)=", "answer": "1"}', "unknown keys ['answer']; a codefn row accepts: prompt, calls, target"),
+        ('{"prompt": "f(x)=", "calls": []}', "'calls' must be a list of 1 to 64"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [1, 2], "output": 3}]}', "calls[0] must be"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [true], "output": 3}]}', "calls[0] must be"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [1], "output": "3"}]}', "calls[0] must be"),
+        ('{"prompt": "", "calls": [{"args": [1], "output": 3}]}', "'prompt' must be a non-empty string"),
+        ('{"prompt": "f(x)=", "calls": [{"args": [1], "output": 3}], "target": 7}', "'target' must be a string"),
+    ],
+)
+def test_malformed_codefn_rows_are_named(tmp_path, line, message):
+    path = tmp_path / "fns.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(UsageError) as info:
+        make_task("codefn", path=str(path))
+    assert message in str(info.value)
+    with pytest.raises(UsageError, match="has no rows"):
+        (tmp_path / "empty.jsonl").write_text("\n")
+        make_task("codefn", path=str(tmp_path / "empty.jsonl"))
+
+
+def test_codefn_rows_given_as_plain_jsonl_say_which_task_reads_them(tmp_path):
+    path = tmp_path / "fns.jsonl"
+    path.write_text('{"prompt": "f(x)=", "calls": [{"args": [1], "output": 3}]}\n' * 2)
+    with pytest.raises(UsageError, match="'calls' rows are function tests of the codefn task; read this file with "
+                                         "--set data.task=codefn"):
+        make_task("jsonl", path=str(path))

@@ -143,8 +143,9 @@ run_to_end(loop, workers=2, slots=2)
 """
 
 
-def test_kill_during_a_snapshot_write_leaves_the_ledger_valid_and_resume_correct(tmp_path):
-    path = str(tmp_path / "ledger.db")
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_kill_during_a_snapshot_write_leaves_the_ledger_valid_and_resume_correct(backend, tmp_path, request):
+    path = str(tmp_path / "ledger.db") if backend == "sqlite" else request.getfixturevalue("pg_url")
     env = {**os.environ, "RLX_FAILPOINTS": "ledger.snapshot@2", "PYTHONPATH": os.getcwd()}
     proc = subprocess.run([sys.executable, "-c", _CRASH, path], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
@@ -171,3 +172,78 @@ def test_snapshot_every_zero_writes_none_and_one_writes_after_every_append(every
     assert len(snaps) == (0 if every == 0 else snapshot.KEPT)
     if every:
         assert snaps[0].seq == loop.head_seq
+
+
+@pytest.mark.postgres
+def test_postgresql_snapshots_survive_reopening_are_skipped_when_corrupt_and_cut_by_repair(pg_url):
+    import psycopg
+
+    config = _config("freshest", 1, False, steps=2)
+    with open_store(pg_url, create=True) as store:
+        loop = _drive(store, config, 10, 100_000)
+        assert loop.finished and loop.snapshot_error is None
+        snaps = store.snapshots(RUN)
+        head = store.head(RUN).seq
+    assert len(snaps) == snapshot.KEPT  # keep=KEPT pruned the older ones
+    assert [s.seq for s in snaps] == sorted((s.seq for s in snaps), reverse=True) and snaps[0].seq <= head
+    with open_store(pg_url, readonly=True) as reader:  # a new connection sees the same rows, bytes intact
+        assert reader.snapshots(RUN) == snaps
+        for snap in snaps:
+            _same(snapshot.check(reader, RUN, snap), snapshot.fold_prefix(reader, RUN, snap.seq))
+        fast = snapshot.recover(reader, RUN)
+        assert fast.snapshot_seq == snaps[0].seq
+        _same(fast, snapshot.recover(reader, RUN, snapshots=False))
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # a stored bit flips
+        conn.execute("UPDATE rlx_snapshots SET body = %s WHERE run_id = %s AND seq = %s",
+                     (b"\x80" * 8, RUN, snaps[0].seq))
+    with open_store(pg_url) as store:
+        warnings: list[str] = []
+        rec = snapshot.recover(store, RUN, warn=warnings.append)
+        assert rec.snapshot_seq == snaps[1].seq and rec.seq == head
+        assert len(warnings) == 1 and f"at seq {snaps[0].seq}" in warnings[0] and "checksum" in warnings[0]
+        _same(rec, snapshot.recover(store, RUN, snapshots=False))
+        store._truncate(RUN, snaps[1].seq + 1)  # what `repair` does to a torn tail
+        assert [s.seq for s in store.snapshots(RUN)] == [s.seq for s in snaps[1:]]
+        assert store.head(RUN).seq == snaps[1].seq
+        loop = ControllerLoop.resume(store, RUN, snapshot_every=10)  # continues from the kept snapshot
+        assert loop.snapshot_seq == snaps[1].seq
+        run_to_end(loop, workers=2, slots=2)
+        assert loop.finished and loop.snapshot_error is None
+        replay(store.events(RUN), check=True)
+        after = store.snapshots(RUN)
+        assert len(after) == snapshot.KEPT and after[0].seq > snaps[1].seq
+        _same(snapshot.recover(store, RUN), snapshot.recover(store, RUN, snapshots=False))
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # a ledger written before snapshots existed
+        conn.execute("DROP TABLE rlx_snapshots")
+    with open_store(pg_url, readonly=True) as reader:
+        assert reader.snapshots(RUN) == []
+    with open_store(pg_url) as store:  # a writable open adds the table back, empty
+        assert store.snapshots(RUN) == []
+        assert snapshot.recover(store, RUN).snapshot_seq == 0
+        rec = snapshot.recover(store, RUN)
+        snapshot.write(store, RUN, rec.seq, rec.digest, rec.state, rec.cache)
+        assert [s.seq for s in store.snapshots(RUN)] == [rec.seq]
+
+
+def test_failed_snapshot_writes_are_told_once_and_again_when_they_recover(monkeypatch):
+    from runtime import failpoints
+
+    # The 2nd, 3rd and 4th snapshot writes fail as a failing disk would (RLX_FAILPOINTS syntax).
+    monkeypatch.setattr(failpoints, "_ARMED", failpoints._parse("ledger.snapshot@2:raise=3"))
+    monkeypatch.setattr(failpoints, "_SEEN", {})
+    store = open_store("memory://")
+    config = _config("deterministic", 1, True, steps=3)
+    lines: list[str] = []
+    loop = ControllerLoop.create(store, run_id=RUN, config=config.to_dict(), config_digest=config.digest(),
+                                 seed=config.run.seed, snapshot_every=10, warn=lines.append)
+    run_to_end(loop, workers=2, slots=2)
+    assert loop.finished and loop.snapshot_error is None and loop.snapshot_failures == 0
+    assert failpoints._SEEN["ledger.snapshot"] >= 5, "the run must write enough snapshots for the test"
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"warning: snapshot of run {RUN!r} at seq ") and "not written" in lines[0]
+    assert "failpoint ledger.snapshot (reach 2)" in lines[0] and "later failures are not repeated" in lines[0]
+    assert lines[1].startswith(f"snapshots of run {RUN!r} are written again") and "after 3 failed writes" in lines[1]
+    snaps = store.snapshots(RUN)  # the failed writes left nothing; the good ones are usable
+    assert len(snaps) == snapshot.KEPT
+    _same(snapshot.recover(store, RUN), snapshot.recover(store, RUN, snapshots=False))
+    replay(store.events(RUN), check=True)

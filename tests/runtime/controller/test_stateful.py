@@ -2,9 +2,12 @@
 
 Rules deliver completions in any order, duplicate and late ones, kill workers (their leases
 expire), kill the trainer mid-step, restart the controller from its SQLite ledger and let the
-old one try to append. After every step: the ledger satisfies I1–I8 (including a full replay
-with decision checking, I6) and folding it reproduces the state the live controller had after
-each of its commits. At the end the run is driven to completion without faults and, in
+old one try to append. The controller writes a snapshot every few events (a drawn
+``snapshot_every``), and a restart resumes from the newest one. After every step: the ledger
+satisfies I1–I8 (including a full replay with decision checking, I6), folding it reproduces the
+state the live controller had after each of its commits, every snapshot written since is the
+fold up to its seq, and recovering from the newest snapshot (folding only the tail, decisions
+checked) gives the state and rollout cache of the fold from seq 1. At the end the run is driven to completion without faults and, in
 deterministic mode, its batch and weight digests must equal an undisturbed run's (I7).
 
 Four variants (deterministic / freshest, with and without DAPO filtering), each with 15
@@ -26,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ledger import events as ev
 from ledger.sql import SqliteStore
 from runtime.config import load_config
-from runtime.controller import ControllerFenced, ControllerLoop
+from runtime.controller import ControllerFenced, ControllerLoop, snapshot
 from runtime.controller.invariants import check
 from runtime.controller.reduce import reduce
 from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier, run_to_end, train_once
@@ -77,8 +80,9 @@ class ControllerMachine(RuleBasedStateMachine):
         every=st.integers(0, 3),
         seed=st.integers(0, 2**32),
         workers=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+        snapshot_every=st.integers(2, 16),
     )
-    def start(self, k, group_size, groups, steps, size, keep, every, seed, workers):
+    def start(self, k, group_size, groups, steps, size, keep, every, seed, workers, snapshot_every):
         mode, filter_groups = self.MODE, self.FILTER
         self.config = load_config(None, [
             f"scheduling.mode={mode}", f"scheduling.max_staleness={k}", f"scheduling.filter_groups={str(filter_groups).lower()}",
@@ -90,6 +94,7 @@ class ControllerMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="rlx-ctl-")
         self.path = os.path.join(self.dir, "ledger.db")
         self.now = 0.0
+        self.snapshot_every = snapshot_every
         self.store = self._open()
         self.loop = ControllerLoop.create(self.store, run_id="run", config=self.config.to_dict(),
                                           config_digest=self.config.digest(), seed=seed, **self._loop_args())
@@ -107,7 +112,7 @@ class ControllerMachine(RuleBasedStateMachine):
         return SqliteStore("sqlite:///" + self.path, create=True, synchronous="OFF")
 
     def _loop_args(self):
-        return {"clock": lambda: self.now, "lease_timeout_s": TIMEOUT}
+        return {"clock": lambda: self.now, "lease_timeout_s": TIMEOUT, "snapshot_every": self.snapshot_every}
 
     def _note(self):
         self.snapshots[self.loop.head_seq] = self.loop.state
@@ -277,10 +282,18 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @rule()
     def restart_controller(self):
-        """Kill the controller (nothing in memory survives) and resume from the SQLite file."""
+        """Kill the controller (nothing in memory survives) and resume from the SQLite file,
+        starting from the newest snapshot."""
         self.zombie = self.loop
         self.store = self._open()
+        snaps = self.store.snapshots("run")
+        head = self.store.head("run").seq
         self.loop = ControllerLoop.resume(self.store, "run", **self._loop_args())
+        resumed_from = snaps[0].seq if snaps else 0
+        assert self.loop.snapshot_seq in (resumed_from, self.loop.head_seq)  # or it wrote one after ControllerStarted
+        assert head - resumed_from < self.snapshot_every  # the fold was only the tail
+        if resumed_from:
+            event("controller resumed from a snapshot")
         self._note()
         self._join_all()
         event("controller restarted from the ledger")
@@ -300,12 +313,21 @@ class ControllerMachine(RuleBasedStateMachine):
     @invariant()
     def check_log(self):
         new = list(self.store.read("run", self.folded_seq + 1))
+        written = {s.seq: s for s in self.store.snapshots("run") if s.seq > self.folded_seq}
         for stored in new:
             self.folded = reduce(self.folded, stored.event)
             self.folded_seq = stored.seq
             if stored.seq in self.snapshots:
                 assert self.folded == self.snapshots.pop(stored.seq), f"fold differs from the live state at seq {stored.seq}"
+            if stored.seq in written:
+                at = snapshot.check(self.store, "run", written[stored.seq])
+                assert at.state == self.folded, f"snapshot at seq {stored.seq} differs from the fold up to it"
         assert self.folded == self.loop.state
+        assert self.loop.snapshot_error is None
+        resumed = snapshot.recover(self.store, "run")  # from the newest snapshot, the tail's decisions checked
+        assert resumed.seq == self.folded_seq and resumed.state == self.folded
+        assert resumed.folded == self.folded_seq - resumed.snapshot_seq < self.snapshot_every
+        assert snapshot.encode(resumed.state, resumed.cache) == snapshot.encode(self.loop.state, self.loop.cache)
         violations = check(self.store.read("run"))
         assert not violations, "\n".join(map(str, violations))
 
