@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Sequence
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -252,3 +254,20 @@ def nth_kept(i: int, excluded_sorted: np.ndarray) -> int:
         if x - skipped == i:
             return x
         x = i + skipped
+
+
+def json_lines(path: str, expected: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed row)`` of every non-blank line of the JSONL file ``path``, with one
+    clear error for a missing file (``expected`` says what it should hold) or the first line that
+    is not JSON."""
+    if not os.path.isfile(path):
+        raise UsageError(f"data file {path!r} does not exist (expected {expected})")
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})") from None
+            yield line_no, row

@@ -21,7 +21,6 @@ the same problems as a run on the generated family.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 
@@ -29,7 +28,7 @@ import numpy as np
 
 from runtime import rng
 from runtime.errors import UsageError
-from runtime.tasks.base import Problem, Task, split_indices
+from runtime.tasks.base import Problem, Task, json_lines, split_indices
 from verifiers.outcome import Outcome
 
 COEFFICIENTS = [a for a in range(-9, 10) if a != 0]
@@ -172,19 +171,10 @@ def _row(where: str, row: object) -> Problem:
 def load_rows(path: str) -> tuple[list[Problem], list[int]]:
     """The function-test rows of a JSONL file as problems, and their line numbers; one clear error
     for the first bad row."""
-    if not os.path.isfile(path):
-        raise UsageError(f"data file {path!r} does not exist (expected a JSONL file of codefn rows)")
     problems, lines = [], []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})") from None
-            problems.append(_row(f"{path}:{line_no}", row))
-            lines.append(line_no)
+    for line_no, row in json_lines(path, "a JSONL file of codefn rows"):
+        problems.append(_row(f"{path}:{line_no}", row))
+        lines.append(line_no)
     if not problems:
         raise UsageError(f"data file {path!r} has no rows; codefn needs at least one training row")
     return problems, lines

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from runtime.errors import UsageError
-from runtime.tasks.base import Problem, Task, TextCodec, scan_prompt_tokens, split_indices
+from runtime.tasks.base import Problem, Task, TextCodec, json_lines, scan_prompt_tokens, split_indices
 from verifiers.outcome import Outcome
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -92,18 +92,7 @@ def load_problems(path: str) -> list[Problem]:
 
 def _numbered_problems(path: str) -> list[tuple[int, Problem]]:
     """``(line number, problem)`` of every row."""
-    if not os.path.isfile(path):
-        raise UsageError(f"data file {path!r} does not exist (expected a JSONL file)")
-    problems = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno})") from None
-            problems.append((line_no, _row_problem(path, line_no, row)))
+    problems = [(line_no, _row_problem(path, line_no, row)) for line_no, row in json_lines(path, "a JSONL file")]
     if len(problems) < 2:
         raise UsageError(f"data file {path!r} has {len(problems)} rows; need at least 2 (train and eval)")
     return problems
