@@ -19,13 +19,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from kernels.algorithms import ALGORITHMS, configure
 from runtime.config import Config, ConfigError
 from runtime.errors import UsageError
-from runtime.model import ModelConfig, init_params
+from runtime.model import ModelConfig, init_params, transformer
 from runtime.trainer import StepConfig, make_optimizer, score, train_step
+from runtime.trainer import step as step_module
 from tests.runtime.trainer.test_step import DELTAS, MODEL, TEMPERATURE, WIDTH, G, _batch, _params
 
 # One AdamW step from a fresh state with eps = 1 moves a parameter by -g/(|g| + 1) (test_step):
@@ -230,3 +232,54 @@ def test_tied_embeddings_take_the_head_and_the_lookup_gradient():
     """A tied embedding is both the lookup and the LM head: the micro-batched step adds both
     gradients into one leaf (``runtime.trainer.accumulate``), as autodiff of the plain step does."""
     _assert_equivalent(_results()["tied/whole"], _results()["tied/bounded"])
+
+
+def test_the_leaf_by_leaf_update_is_the_optax_chain(monkeypatch):
+    """The micro-batched step's optimizer (``step._update_leaf_by_leaf``, large leaves in blocks
+    of rows) against ``make_optimizer``'s optax chain: clipping active, weight decay, warmup,
+    a second step from a non-zero state; blocks of 64 bytes make every matrix go row block by
+    row block."""
+    monkeypatch.setattr(step_module, "UPDATE_BLOCK_BYTES", 64)
+    config = dataclasses.replace(_config("grpo"), learning_rate=0.1, adam_eps=1e-8,
+                                 max_grad_norm=0.5, weight_decay=0.1, warmup_steps=3)
+    params = _params()
+    keys = iter(jax.random.split(jax.random.key(5), 64))
+    grads = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape), params)
+    tx = make_optimizer(config)
+    state = tx.init(params)
+    _, state = tx.update(grads, state, params)  # a state with moments and a count of 1
+    grads = jax.tree.map(lambda g: 2.0 * g[::-1] if g.ndim else g, grads)
+    with jax.numpy_dtype_promotion("standard"):
+        updates, want_state = tx.update(grads, state, params)
+    want = optax.apply_updates(params, updates)
+    assert optax.tree.norm(grads) > 10 * config.max_grad_norm  # the clip acts
+    with jax.disable_jit():
+        got, got_state = step_module._update_leaf_by_leaf(grads, state, params, config)
+    assert jax.tree.structure(got_state) == jax.tree.structure(want_state)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path((want, want_state)),
+                            jax.tree.leaves((got, got_state)), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+    assert any(np.any(np.asarray(a) != np.asarray(b)) for a, b in
+               zip(jax.tree.leaves(got), jax.tree.leaves(params), strict=True))
+
+
+def test_rematerialised_layers_attend_in_query_blocks_with_the_dense_result(monkeypatch):
+    """With remat every layer attends ``REMAT_QUERY_BLOCK`` queries at a time; at 3 (blocks of
+    3, 3, 2 over the batch's 8 positions) the decoder's output and its parameter gradient are
+    the plain layers'."""
+    monkeypatch.setattr(transformer, "REMAT_QUERY_BLOCK", 3)
+    params, batch = _params(), _batch()
+    h0_BTD = transformer.embed(params, batch.tokens_BT, config=MODEL)
+    weights_BTD = jax.random.normal(jax.random.key(9), h0_BTD.shape)
+
+    def loss(p, remat):
+        out_BTD = transformer.decoder(p, h0_BTD, batch.attention_BT, config=MODEL, remat=remat)
+        return jnp.sum(weights_BTD * out_BTD)
+
+    with jax.disable_jit():
+        want, want_grads = jax.value_and_grad(loss)(params, False)
+        got, got_grads = jax.value_and_grad(loss)(params, True)
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want_grads),
+                            jax.tree.leaves(got_grads), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
