@@ -253,8 +253,8 @@ def test_the_leaf_by_leaf_update_is_the_optax_chain(monkeypatch):
         updates, want_state = tx.update(grads, state, params)
     want = optax.apply_updates(params, updates)
     assert optax.tree.norm(grads) > 10 * config.max_grad_norm  # the clip acts
-    with jax.disable_jit():
-        got, got_state = step_module._update_leaf_by_leaf(grads, state, params, config)
+    update = jax.jit(functools.partial(step_module._update_leaf_by_leaf, config=config))
+    got, got_state = update(grads, state, params)
     assert jax.tree.structure(got_state) == jax.tree.structure(want_state)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path((want, want_state)),
                             jax.tree.leaves((got, got_state)), strict=True):
@@ -276,10 +276,11 @@ def test_rematerialised_layers_attend_in_query_blocks_with_the_dense_result(monk
         out_BTD = transformer.decoder(p, h0_BTD, batch.attention_BT, config=MODEL, remat=remat)
         return jnp.sum(weights_BTD * out_BTD)
 
-    with jax.disable_jit():
-        want, want_grads = jax.value_and_grad(loss)(params, False)
-        got, got_grads = jax.value_and_grad(loss)(params, True)
+    gradient = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (want, want_grads), (got, got_grads) = gradient(params, False), gradient(params, True)
     assert float(got) == pytest.approx(float(want), rel=1e-6)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want_grads),
                             jax.tree.leaves(got_grads), strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+        # Blocks of queries are matmuls of other shapes: float32 sums in other orders (measured
+        # worst case 2.3e-5 relative, 3e-6 absolute).
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))
