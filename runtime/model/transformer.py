@@ -32,7 +32,7 @@ from kernels.attention import causal_mask, dense_attention, query_blocked_attent
 from kernels.kv_pages import write_pages
 from kernels.paged_attention import paged_attention
 from runtime.model.config import ModelConfig
-from runtime.model.layers import Attend, DecoderLayer, RMSNorm, weight_init
+from runtime.model.layers import MLP, Attend, Attention, DecoderLayer, RMSNorm, weight_init
 
 
 class KVCache(NamedTuple):
@@ -183,6 +183,8 @@ def forward(
 # Queries per attention block in a rematerialised layer (``kernels.attention``'s
 # ``query_blocked_attention``): [B, heads, 128, T] float32 scores instead of [B, heads, T, T].
 REMAT_QUERY_BLOCK = 128
+# Positions per MLP block in a rematerialised layer: [B, 512, intermediate] activations at a time.
+REMAT_TOKEN_BLOCK = 512
 
 
 def _layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS, query_block=0):
@@ -196,8 +198,30 @@ def _layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS, que
         zero = jax.lax.stop_gradient(h_BTD.reshape(-1)[0]) * 0
         layer_params = jax.tree.map(lambda w: w + zero.astype(w.dtype), layer_params)
     attend = _dense_attend(config, mask_BTS, query_block)
+    if query_block > 0:
+        return _blocked_layer(config, layer_params, h_BTD, positions_BT, attend)
     h_BTD, _ = DecoderLayer(config).apply({"params": layer_params}, h_BTD, positions_BT, attend)
     return h_BTD
+
+
+def _blocked_layer(config: ModelConfig, p, h_BTD, positions_BT, attend):
+    """``DecoderLayer`` (the same modules and arithmetic) with its MLP ``REMAT_TOKEN_BLOCK``
+    positions at a time, each block under ``jax.checkpoint``: the MLP acts on every position
+    alone, and one block's float32 ``[B, block, intermediate]`` activations live at a time."""
+    x_BTD = cast(jax.Array, RMSNorm(config).apply({"params": p["input_layernorm"]}, h_BTD))
+    attn_BTD, _ = Attention(config).apply({"params": p["self_attn"]}, x_BTD, positions_BT, attend)
+    h_BTD = h_BTD + attn_BTD
+    x_BTD = cast(
+        jax.Array, RMSNorm(config).apply({"params": p["post_attention_layernorm"]}, h_BTD)
+    )
+    T = x_BTD.shape[1]
+
+    @jax.checkpoint
+    def mlp(x_BCD):
+        return MLP(config).apply({"params": p["mlp"]}, x_BCD)
+
+    outs = [mlp(x_BTD[:, s:s + REMAT_TOKEN_BLOCK]) for s in range(0, T, REMAT_TOKEN_BLOCK)]
+    return h_BTD + jnp.concatenate(outs, axis=1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -18,8 +18,8 @@ logits ``[B, T, V]``. Three settings bound its memory, each independent of the o
   computed from the hidden states under ``jax.checkpoint`` (the backward pass recomputes them),
   so no ``[B, T, V]`` array exists, only ``[rows, logits_chunk, V]``.
 - ``remat``: every decoder layer rematerialised in the backward pass, its attention a block of
-  queries at a time (``kernels.attention.query_blocked_attention``), its weights cast where
-  the layer runs (``runtime.model.transformer``).
+  queries at a time (``kernels.attention.query_blocked_attention``) and its MLP a block of
+  positions at a time, its weights cast where the layer runs (``runtime.model.transformer``).
 - ``micro_batch_size``: the batch in micro-batches of that many rows, in two passes. Every
   objective depends on the parameters only through the log-probs ``ℓ`` of the batch, so
   ``∇θ L = Σ_{b,t} ∂L/∂ℓ_{b,t} · ∇θ ℓ_{b,t}``. The first pass computes ``ℓ`` micro-batch by
