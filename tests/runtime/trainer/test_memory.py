@@ -264,10 +264,12 @@ def test_the_leaf_by_leaf_update_is_the_optax_chain(monkeypatch):
 
 
 def test_rematerialised_layers_attend_in_query_blocks_with_the_dense_result(monkeypatch):
-    """With remat every layer attends ``REMAT_QUERY_BLOCK`` queries at a time; at 3 (blocks of
-    3, 3, 2 over the batch's 8 positions) the decoder's output and its parameter gradient are
-    the plain layers'."""
+    """With remat every layer attends ``REMAT_QUERY_BLOCK`` queries at a time and runs its MLP
+    ``REMAT_TOKEN_BLOCK`` positions at a time; at 3 and 5 (blocks of 3, 3, 2 and of 5, 3 over
+    the batch's 8 positions) the decoder's output and its parameter gradient are the plain
+    layers'."""
     monkeypatch.setattr(transformer, "REMAT_QUERY_BLOCK", 3)
+    monkeypatch.setattr(transformer, "REMAT_TOKEN_BLOCK", 5)
     params, batch = _params(), _batch()
     h0_BTD = transformer.embed(params, batch.tokens_BT, config=MODEL)
     weights_BTD = jax.random.normal(jax.random.key(9), h0_BTD.shape)
