@@ -58,3 +58,42 @@ def dense_attention(
     )
     out_BKGTD = out_BKGTD / jnp.where(denom_BKGT1 > 0, denom_BKGT1, 1.0)
     return jnp.moveaxis(out_BKGTD, 3, 1).reshape(B, T, H, D).astype(q_BTHD.dtype)
+
+
+def query_blocked_attention(
+    q_BTHD: jax.Array,
+    k_BSKD: jax.Array,
+    v_BSKD: jax.Array,
+    mask_BTS: jax.Array,
+    *,
+    scale: float,
+    block: int,
+) -> jax.Array:
+    """``dense_attention`` ``block`` queries at a time, each block under ``jax.checkpoint``.
+
+    Every query's softmax runs over all its keys as in ``dense_attention``, so each output row is
+    the same arithmetic on the same inputs (matmuls of other shapes may round it differently in
+    the last bit). Only one block's ``[B, heads, block, S]`` float32 scores and weights exist at a
+    time, in the forward pass and, since the backward pass recomputes them block by block, in the
+    backward pass too. The last block is padded with queries that see no key (zero output,
+    dropped). ``block <= 0`` or ``block >= T``: ``dense_attention`` itself.
+    """
+    B, T, H, D = q_BTHD.shape
+    if block <= 0 or block >= T:
+        return dense_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale=scale)
+    N = -(-T // block)
+    pad = N * block - T
+    q_NBCHD = jnp.moveaxis(
+        jnp.pad(q_BTHD, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(B, N, block, H, D), 1, 0
+    )
+    mask_NBCS = jnp.moveaxis(
+        jnp.pad(mask_BTS, ((0, 0), (0, pad), (0, 0))).reshape(B, N, block, -1), 1, 0
+    )
+
+    @jax.checkpoint
+    def one_block(inputs):
+        q_BCHD, mask_BCS = inputs
+        return dense_attention(q_BCHD, k_BSKD, v_BSKD, mask_BCS, scale=scale)
+
+    out_NBCHD = jax.lax.map(one_block, (q_NBCHD, mask_NBCS))
+    return jnp.moveaxis(out_NBCHD, 0, 1).reshape(B, N * block, H, D)[:, :T]

@@ -20,7 +20,7 @@ hidden states into logits, so a caller can compute log-probs a few positions at 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, cast
 
 import flax.linen as nn
@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.attention import causal_mask, dense_attention
+from kernels.attention import causal_mask, dense_attention, query_blocked_attention
 from kernels.kv_pages import write_pages
 from kernels.paged_attention import paged_attention
 from runtime.model.config import ModelConfig
-from runtime.model.layers import Attend, DecoderLayer, RMSNorm, weight_init
+from runtime.model.layers import MLP, Attend, Attention, DecoderLayer, RMSNorm, weight_init
 
 
 class KVCache(NamedTuple):
@@ -131,8 +131,12 @@ def init_params(config: ModelConfig, *, key: jax.Array) -> dict:
     return Transformer(config).init(key, tokens_BT, tokens_BT, attends)["params"]
 
 
-def _dense_attend(config: ModelConfig, mask_BTS: jax.Array) -> Attend:
+def _dense_attend(config: ModelConfig, mask_BTS: jax.Array, query_block: int = 0) -> Attend:
     def attend(q_BTHD, k_BTKD, v_BTKD):
+        if query_block > 0:
+            return query_blocked_attention(
+                q_BTHD, k_BTKD, v_BTKD, mask_BTS, scale=config.attention_scale, block=query_block
+            ), None
         return dense_attention(q_BTHD, k_BTKD, v_BTKD, mask_BTS, scale=config.attention_scale), None
 
     return attend
@@ -176,20 +180,59 @@ def forward(
     return logits_BTV
 
 
-def _layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS):
-    attend = _dense_attend(config, mask_BTS)
+# Queries per attention block in a rematerialised layer (``kernels.attention``'s
+# ``query_blocked_attention``): [B, heads, 128, T] float32 scores instead of [B, heads, T, T].
+REMAT_QUERY_BLOCK = 128
+# Positions per MLP block in a rematerialised layer: [B, 512, intermediate] activations at a time.
+REMAT_TOKEN_BLOCK = 512
+
+
+def _layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS, query_block=0):
+    if query_block > 0:
+        # The rematerialised path. Inside a loop (micro-batches), XLA hoists every loop-invariant
+        # weight cast out of it (on XLA:CPU a bfloat16 matmul reads float32 copies of its bfloat16
+        # weights, some transposed), so the copies of all layers would live through the whole
+        # loop. Adding 0·h (no constant to XLA: NaN for an infinite h) ties the weights to this
+        # layer's input, so their casts happen where the layer runs, one layer's at a time; no
+        # value changes (up to the sign of a zero weight).
+        zero = jax.lax.stop_gradient(h_BTD.reshape(-1)[0]) * 0
+        layer_params = jax.tree.map(lambda w: w + zero.astype(w.dtype), layer_params)
+    attend = _dense_attend(config, mask_BTS, query_block)
+    if query_block > 0:
+        return _blocked_layer(config, layer_params, h_BTD, positions_BT, attend)
     h_BTD, _ = DecoderLayer(config).apply({"params": layer_params}, h_BTD, positions_BT, attend)
     return h_BTD
 
 
+def _blocked_layer(config: ModelConfig, p, h_BTD, positions_BT, attend):
+    """``DecoderLayer`` (the same modules and arithmetic) with its MLP ``REMAT_TOKEN_BLOCK``
+    positions at a time, each block under ``jax.checkpoint``: the MLP acts on every position
+    alone, and one block's float32 ``[B, block, intermediate]`` activations live at a time."""
+    x_BTD = cast(jax.Array, RMSNorm(config).apply({"params": p["input_layernorm"]}, h_BTD))
+    attn_BTD, _ = Attention(config).apply({"params": p["self_attn"]}, x_BTD, positions_BT, attend)
+    h_BTD = h_BTD + attn_BTD
+    x_BTD = cast(
+        jax.Array, RMSNorm(config).apply({"params": p["post_attention_layernorm"]}, h_BTD)
+    )
+    T = x_BTD.shape[1]
+
+    @jax.checkpoint
+    def mlp(x_BCD):
+        return MLP(config).apply({"params": p["mlp"]}, x_BCD)
+
+    outs = [mlp(x_BTD[:, s:s + REMAT_TOKEN_BLOCK]) for s in range(0, T, REMAT_TOKEN_BLOCK)]
+    return h_BTD + jnp.concatenate(outs, axis=1)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _remat_layer(config: ModelConfig, layer_params, h_BTD, positions_BT, mask_BTS):
-    """One decoder layer whose backward pass recomputes it from its input (rematerialisation)."""
-    return _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+    """One decoder layer whose backward pass recomputes it from its input (rematerialisation),
+    its attention ``REMAT_QUERY_BLOCK`` queries at a time."""
+    return _layer(config, layer_params, h_BTD, positions_BT, mask_BTS, REMAT_QUERY_BLOCK)
 
 
 def _remat_layer_fwd(config, layer_params, h_BTD, positions_BT, mask_BTS):
-    out_BTD = _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
+    out_BTD = _layer(config, layer_params, h_BTD, positions_BT, mask_BTS, REMAT_QUERY_BLOCK)
     return out_BTD, (layer_params, h_BTD, positions_BT, mask_BTS)
 
 
@@ -201,7 +244,8 @@ def _remat_layer_bwd(config, residuals, g_BTD):
     # layer's cotangent and differ from the forward pass, so one layer's insides live at a time.
     h_BTD = h_BTD + (g_BTD.reshape(-1)[0] * 0).astype(h_BTD.dtype)
     _, vjp = jax.vjp(
-        lambda p, h: _layer(config, p, h, positions_BT, mask_BTS), layer_params, h_BTD
+        lambda p, h: _layer(config, p, h, positions_BT, mask_BTS, REMAT_QUERY_BLOCK),
+        layer_params, h_BTD,
     )
     d_params, d_h_BTD = vjp(g_BTD)
     no_cotangent = [np.zeros(x.shape, jax.dtypes.float0) for x in (positions_BT, mask_BTS)]
@@ -237,10 +281,9 @@ def hidden_states(
 
 def embed(params: dict, tokens_BT: jax.Array, *, config: ModelConfig) -> jax.Array:
     """The token embeddings ``[B, T, D]`` (compute dtype) that the first layer reads."""
-    h_BTD = Transformer(config).apply(
-        {"params": params}, tokens_BT, method=lambda m, t: m.embed_tokens(t.astype(jnp.int32))
-    )
-    return cast(jax.Array, h_BTD)
+    # The rows, then their cast: the same values as the flax lookup, which casts the whole table.
+    table_VD = params["embed_tokens"]["embedding"]
+    return jnp.take(table_VD, tokens_BT.astype(jnp.int32), axis=0).astype(config.compute_dtype)
 
 
 def decoder(
@@ -263,6 +306,47 @@ def decoder(
             h_BTD = _layer(config, layer_params, h_BTD, positions_BT, mask_BTS)
     norm = RMSNorm(config).apply({"params": params["norm"]}, h_BTD)
     return cast(jax.Array, norm)
+
+
+def decoder_sweep(
+    params: dict,
+    h_BTD: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+) -> tuple[jax.Array, Callable[[jax.Array, Callable[[str, dict], None]], jax.Array]]:
+    """``decoder(..., remat=True)`` and its backward pass, one module at a time.
+
+    Returns ``(out_BTD, backward)``. ``backward(g_BTD, take)`` runs the final norm's VJP, then
+    every layer's from the last to the first, each recomputed from its input as the
+    rematerialised ``decoder`` does, and hands each module's parameter cotangent to
+    ``take(name, d_params)`` (``"norm"``, ``"layers_{i}"``) as soon as it exists; it returns the
+    cotangent of ``h_BTD``. A caller that adds each one into an accumulator keeps one layer's
+    parameter gradient alive at a time, where ``jax.vjp`` of ``decoder`` returns all of them
+    at once.
+    """
+    positions_BT, mask_BTS = _positions_and_mask(h_BTD.shape[:2], attention_mask_BT)
+    inputs = []
+    for i in range(config.num_layers):
+        inputs.append(h_BTD)
+        h_BTD = _layer(
+            config, params[f"layers_{i}"], h_BTD, positions_BT, mask_BTS, REMAT_QUERY_BLOCK
+        )
+    out_BTD, norm_vjp = jax.vjp(
+        lambda p, h: RMSNorm(config).apply({"params": p}, h), params["norm"], h_BTD
+    )
+
+    def backward(g_BTD: jax.Array, take: Callable[[str, dict], None]) -> jax.Array:
+        d_norm, g_BTD = norm_vjp(g_BTD)
+        take("norm", d_norm)
+        for i in reversed(range(config.num_layers)):
+            (d_params, g_BTD, _, _) = _remat_layer_bwd(
+                config, (params[f"layers_{i}"], inputs[i], positions_BT, mask_BTS), g_BTD
+            )
+            take(f"layers_{i}", d_params)
+        return g_BTD
+
+    return cast(jax.Array, out_BTD), backward
 
 
 def head_logits(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:

@@ -14,7 +14,9 @@ differentiated by hand, writing into the accumulator's own leaves in place:
   ``∂h = dz · W`` and ``∂W += dzᵀ · h``, the latter one block of vocabulary rows at a time;
 - embedding: ``∂E[token] += ∂h_0`` for every position, a scatter-add into the accumulator.
 
-Matmul products accumulate in float32 whatever the compute dtype.
+The head's weight is read one block of vocabulary rows at a time (the logits, ``∂h`` and ``∂W``
+alike), so no full-size cast of it (a float32 copy on XLA:CPU) is ever made. Matmul products
+accumulate in float32 whatever the compute dtype.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 
 from kernels.logprobs import tempered_log_softmax
 from runtime.model import ModelConfig
-from runtime.model.transformer import decoder, embed, head_logits
+from runtime.model.transformer import decoder, decoder_sweep, embed
 
 VOCAB_BLOCK = 8192  # most vocabulary rows per head-gradient product: [VOCAB_BLOCK, D] float32
 
@@ -36,6 +38,41 @@ def _block(vocab: int) -> int:
 
 def _head_path(config: ModelConfig) -> tuple[str, str]:
     return ("embed_tokens", "embedding") if config.tie_word_embeddings else ("lm_head", "kernel")
+
+
+def head_weight(params, config: ModelConfig):
+    """The LM head's weight: the embedding ``[V, D]`` when tied, else the head's ``[D, V]``."""
+    module, leaf = _head_path(config)
+    return params[module][leaf]
+
+
+def _weight_block(w, start, size: int, *, config: ModelConfig):
+    """Vocabulary rows ``start ..`` of the head weight (tied ``[V, D]``, untied ``[D, V]``) in the
+    compute dtype: only ``size`` rows are ever cast, never a copy of the whole weight."""
+    axis = 0 if config.tie_word_embeddings else 1
+    return jax.lax.dynamic_slice_in_dim(w, start, size, axis=axis).astype(config.compute_dtype)
+
+
+def blocked_head_logits(w, h_XD, *, config: ModelConfig):
+    """``head_logits`` with the head weight ``w`` read one block of vocabulary rows at a time.
+
+    Each logit is the same product as ``head_logits``'s (compute dtype, then float32); a float32
+    copy of the whole weight, which XLA:CPU makes for a bfloat16 matmul over all of it
+    (0.5 GiB for a 150k vocabulary), is never built.
+    """
+    V = config.vocab_size
+    block = _block(V)
+    h_XD = h_XD.astype(config.compute_dtype)
+
+    def logits_block(k, logits_XV):
+        w_blk = _weight_block(w, k * block, block, config=config)
+        spec = "...d,kd->...k" if config.tie_word_embeddings else "...d,dk->...k"
+        z_XK = jnp.einsum(spec, h_XD, w_blk).astype(jnp.float32)
+        return jax.lax.dynamic_update_slice_in_dim(logits_XV, z_XK, k * block, axis=-1)
+
+    return jax.lax.fori_loop(
+        0, V // block, logits_block, jnp.zeros(h_XD.shape[:-1] + (V,), jnp.float32)
+    )
 
 
 def accumulate(grads, params, tokens_bT, attention_bT, cotangent_bS, *, config: ModelConfig,
@@ -59,9 +96,12 @@ def accumulate(grads, params, tokens_bT, attention_bT, cotangent_bS, *, config: 
     head_module, head_leaf = _head_path(config)
     trunk = {k: v for k, v in params.items() if k not in ("embed_tokens", "lm_head")}
     h0_bTD = embed(params, tokens_bT, config=config)
-    h_bTD, trunk_vjp = jax.vjp(
-        lambda p, h0: decoder(p, h0, attention_bT, config=config, remat=remat), trunk, h0_bTD
-    )
+    if remat:
+        h_bTD, sweep = decoder_sweep(params, h0_bTD, attention_bT, config=config)
+    else:
+        h_bTD, trunk_vjp = jax.vjp(
+            lambda p, h0: decoder(p, h0, attention_bT, config=config, remat=False), trunk, h0_bTD
+        )
 
     w = params[head_module][head_leaf]  # tied: [V, D]; untied: [D, V]
     V = config.vocab_size
@@ -78,30 +118,34 @@ def accumulate(grads, params, tokens_bT, attention_bT, cotangent_bS, *, config: 
 
     def head_chunk(dw, inputs):
         h_bCD, targets_bC, g_bC = inputs
-        logp_bCV = tempered_log_softmax(
-            head_logits(params, h_bCD, config=config), temperature
-        )
+        logp_bCV = tempered_log_softmax(blocked_head_logits(w, h_bCD, config=config), temperature)
         vocab_11V = jnp.arange(V, dtype=jnp.int32)[None, None, :]
         onehot_bCV = targets_bC[..., None].astype(jnp.int32) == vocab_11V
         dz_bCV = (g_bC[..., None] * inv_t) * (onehot_bCV.astype(jnp.float32) - jnp.exp(logp_bCV))
         dz_bCV = dz_bCV.astype(compute)
-        w_c = w.astype(compute)
-        dh_bCD = jnp.einsum(
-            "bcv,vd->bcd" if config.tie_word_embeddings else "bcv,dv->bcd", dz_bCV, w_c,
-            preferred_element_type=jnp.float32,
-        )
 
-        def vocab_block(k, dw):
+        def vocab_block(k, carry):
+            dw, dh_bCD = carry
             dz_bCK = jax.lax.dynamic_slice_in_dim(dz_bCV, k * block, block, axis=2)
+            w_blk = _weight_block(w, k * block, block, config=config)
             if config.tie_word_embeddings:
+                dh_bCD = dh_bCD + jnp.einsum(
+                    "bck,kd->bcd", dz_bCK, w_blk, preferred_element_type=jnp.float32
+                )
                 dw_KD = jnp.einsum("bck,bcd->kd", dz_bCK, h_bCD, preferred_element_type=jnp.float32)
                 old_KD = jax.lax.dynamic_slice_in_dim(dw, k * block, block, axis=0)
-                return jax.lax.dynamic_update_slice_in_dim(dw, old_KD + dw_KD, k * block, axis=0)
+                dw = jax.lax.dynamic_update_slice_in_dim(dw, old_KD + dw_KD, k * block, axis=0)
+                return dw, dh_bCD
+            dh_bCD = dh_bCD + jnp.einsum(
+                "bck,dk->bcd", dz_bCK, w_blk, preferred_element_type=jnp.float32
+            )
             dw_DK = jnp.einsum("bck,bcd->dk", dz_bCK, h_bCD, preferred_element_type=jnp.float32)
             old_DK = jax.lax.dynamic_slice_in_dim(dw, k * block, block, axis=1)
-            return jax.lax.dynamic_update_slice_in_dim(dw, old_DK + dw_DK, k * block, axis=1)
+            dw = jax.lax.dynamic_update_slice_in_dim(dw, old_DK + dw_DK, k * block, axis=1)
+            return dw, dh_bCD
 
-        dw = jax.lax.fori_loop(0, V // block, vocab_block, dw)
+        dh_bCD = jnp.zeros(h_bCD.shape, jnp.float32)
+        dw, dh_bCD = jax.lax.fori_loop(0, V // block, vocab_block, (dw, dh_bCD))
         return dw, dh_bCD
 
     dw, dh_NbCD = jax.lax.scan(
@@ -110,13 +154,18 @@ def accumulate(grads, params, tokens_bT, attention_bT, cotangent_bS, *, config: 
     dh_bSD = jnp.moveaxis(dh_NbCD, 0, 1).reshape(b, N * chunk, -1)[:, :S]
     # The last position predicts nothing: its hidden state gets no cotangent.
     dh_bTD = jnp.pad(dh_bSD, ((0, 0), (0, 1), (0, 0))).astype(h_bTD.dtype)
-    d_trunk, dh0_bTD = trunk_vjp(dh_bTD)
-
     grads = dict(grads)
+    if remat:
+        def take(name, d):
+            grads[name] = jax.tree.map(jnp.add, grads[name], d)
+
+        dh0_bTD = sweep(dh_bTD, take)
+    else:
+        d_trunk, dh0_bTD = trunk_vjp(dh_bTD)
+        for k, d in d_trunk.items():
+            grads[k] = jax.tree.map(jnp.add, grads[k], d)
     grads[head_module] = {**grads[head_module], head_leaf: dw}
     embedding = grads["embed_tokens"]["embedding"]
     embedding = embedding.at[tokens_bT.astype(jnp.int32)].add(dh0_bTD.astype(embedding.dtype))
     grads["embed_tokens"] = {**grads["embed_tokens"], "embedding": embedding}
-    for k, d in d_trunk.items():
-        grads[k] = jax.tree.map(jnp.add, grads[k], d)
     return grads

@@ -17,7 +17,9 @@ logits ``[B, T, V]``. Three settings bound its memory, each independent of the o
 - ``logits_chunk``: log-probs ``logits_chunk`` positions at a time, each chunk's logits
   computed from the hidden states under ``jax.checkpoint`` (the backward pass recomputes them),
   so no ``[B, T, V]`` array exists, only ``[rows, logits_chunk, V]``.
-- ``remat``: every decoder layer rematerialised in the backward pass.
+- ``remat``: every decoder layer rematerialised in the backward pass, its attention a block of
+  queries at a time (``kernels.attention.query_blocked_attention``) and its MLP a block of
+  positions at a time, its weights cast where the layer runs (``runtime.model.transformer``).
 - ``micro_batch_size``: the batch in micro-batches of that many rows, in two passes. Every
   objective depends on the parameters only through the log-probs ``ℓ`` of the batch, so
   ``∇θ L = Σ_{b,t} ∂L/∂ℓ_{b,t} · ∇θ ℓ_{b,t}``. The first pass computes ``ℓ`` micro-batch by
@@ -26,8 +28,11 @@ logits ``[B, T, V]``. Three settings bound its memory, each independent of the o
   are all whole-batch quantities) and gives the loss, its metrics and the cotangent
   ``∂L/∂ℓ [B, T-1]``; the second pass adds each micro-batch's ``Σ ∂L/∂ℓ · ∇θ ℓ`` to the
   gradient, in micro-batch order (``lax.scan``; ``runtime.trainer.accumulate``, which writes the
-  LM head's and the embedding's gradients into the accumulator in place). Loss and gradient are the whole batch's up to float
-  rounding; the same configuration always gives the same bits. It costs one more forward pass.
+  LM head's and the embedding's gradients into the accumulator in place, and with ``remat`` each
+  layer's gradient as soon as its backward pass ends); the optimizer then updates one parameter
+  after the other (``_update_leaf_by_leaf``, optax's arithmetic). Loss and gradient are the
+  whole batch's up to float rounding; the same configuration always gives the same bits. It
+  costs one more forward pass.
 
 ``model.dtype = "bfloat16"`` (with float32 ``param_dtype``) computes in bfloat16 from float32
 master weights: flax casts each weight to bfloat16 where it is used, so gradients and the
@@ -52,8 +57,8 @@ from kernels.objectives import policy_loss, preference_loss
 from kernels.reward_shaping import overlong_penalty
 from runtime.errors import UsageError
 from runtime.model import ModelConfig, forward
-from runtime.model.transformer import head_logits, hidden_states
-from runtime.trainer.accumulate import accumulate
+from runtime.model.transformer import hidden_states
+from runtime.trainer.accumulate import accumulate, blocked_head_logits, head_weight
 from runtime.trainer.batch import TrainBatch
 
 sg = jax.lax.stop_gradient
@@ -120,21 +125,98 @@ def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
     """Global-norm clipping then AdamW (decoupled weight decay). With ``warmup_steps`` the
     learning rate rises linearly over the first steps, ``lr · min(1, (n + 1) / warmup_steps)`` at
     step ``n`` (0-based), so the first step already moves; without, it is the constant ``lr``."""
+    return standard_promotion(optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm), _adamw(config)
+    ))
+
+
+def _adamw(config: StepConfig) -> optax.GradientTransformation:
+    """The AdamW part of ``make_optimizer`` (its second stage, after the clip)."""
     lr = config.learning_rate
     learning_rate: optax.ScalarOrSchedule = lr
     if config.warmup_steps > 0:
         warmup = config.warmup_steps
         learning_rate = lambda count: lr * jnp.minimum(1.0, (count + 1) / warmup)  # noqa: E731
-    return standard_promotion(optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adamw(
-            learning_rate,
-            b1=config.adam_b1,
-            b2=config.adam_b2,
-            eps=config.adam_eps,
-            weight_decay=config.weight_decay,
-        ),
-    ))
+    return optax.adamw(
+        learning_rate,
+        b1=config.adam_b1,
+        b2=config.adam_b2,
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+    )
+
+
+UPDATE_BLOCK_BYTES = 32 << 20  # most bytes of one leaf's rows that the update handles at once
+
+
+def _row_block(x) -> int:
+    """The largest divisor of ``x``'s row count whose rows fit ``UPDATE_BLOCK_BYTES`` (at least 1)."""
+    if x.ndim == 0:
+        return 0
+    row_bytes = max(1, x.dtype.itemsize * (x.size // max(1, x.shape[0])))
+    most = max(1, UPDATE_BLOCK_BYTES // row_bytes)
+    return max(d for d in range(1, min(x.shape[0], most) + 1) if x.shape[0] % d == 0)
+
+
+def _update_leaf_by_leaf(grads, opt_state, params, config: StepConfig):
+    """``make_optimizer(config).update`` then ``optax.apply_updates``, one parameter at a time.
+
+    The same arithmetic as the optax chain (``optax.clip_by_global_norm``'s clip, then optax's
+    AdamW on each leaf as a tree of its own), but its full-size intermediates (the clipped
+    gradient, the update) exist for one leaf at a time: each leaf waits for the previous leaf's
+    new value, where XLA would otherwise clip every leaf first and hold the whole clipped tree
+    beside the gradient. Returns ``(params, opt_state)`` in the
+    optax state's structure.
+    """
+    clip_state, (adam_state, *rest) = opt_state
+    adamw = _adamw(config)
+    max_norm = config.max_grad_norm
+    with jax.numpy_dtype_promotion("standard"):
+        g_norm = optax.tree.norm(grads)
+    trigger = jnp.squeeze(g_norm < max_norm)
+    g_leaves, treedef = jax.tree.flatten(grads)
+    p_leaves = jax.tree.leaves(params)
+    mu_leaves = jax.tree.leaves(adam_state.mu)
+    nu_leaves = jax.tree.leaves(adam_state.nu)
+    new_p, new_mu, new_nu = [], [], []
+
+    def leaf_update(g, p, mu, nu):
+        g = jax.lax.select(trigger, g, (g / g_norm.astype(g.dtype)) * max_norm)
+        with jax.numpy_dtype_promotion("standard"):
+            update, state = adamw.update(g, (adam_state._replace(mu=mu, nu=nu), *rest), p)
+            return optax.apply_updates(p, update), state[0].mu, state[0].nu
+
+    previous = None
+    for g, p, mu, nu in zip(g_leaves, p_leaves, mu_leaves, nu_leaves, strict=True):
+        if previous is not None:
+            # 0·x is no constant to XLA (it is NaN for an infinite x): the leaf waits for the
+            # previous one, and its value is unchanged (up to the sign of a zero).
+            g = g + (previous.reshape(-1)[0] * 0).astype(g.dtype)
+        block = _row_block(p)
+        if block in (0, p.shape[0]):
+            p, mu, nu = leaf_update(g, p, mu, nu)
+        else:  # one block of rows after the other, written over the old values in place
+            def rows(k, carry, g=g, block=block):
+                start = k * block
+                sliced = [jax.lax.dynamic_slice_in_dim(x, start, block) for x in (g, *carry)]
+                return tuple(
+                    jax.lax.dynamic_update_slice_in_dim(x, x_k, start, axis=0)
+                    for x, x_k in zip(carry, leaf_update(*sliced), strict=True)
+                )
+
+            p, mu, nu = jax.lax.fori_loop(0, p.shape[0] // block, rows, (p, mu, nu))
+        new_p.append(p)
+        new_mu.append(mu)
+        new_nu.append(nu)
+        previous = p
+    # The step counts (Adam's, the schedule's) advance alike for every leaf: those of any update.
+    scalar = jnp.zeros((), jnp.float32)
+    with jax.numpy_dtype_promotion("standard"):
+        _, state = adamw.update(scalar, (adam_state._replace(mu=scalar, nu=scalar), *rest), scalar)
+    adam_state = state[0]._replace(
+        mu=jax.tree.unflatten(treedef, new_mu), nu=jax.tree.unflatten(treedef, new_nu)
+    )
+    return jax.tree.unflatten(treedef, new_p), (clip_state, (adam_state, *state[1:]))
 
 
 def _chunked_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
@@ -154,7 +236,7 @@ def _chunked_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
     @jax.checkpoint
     def chunk(inputs):
         h_BCD, targets_BC = inputs
-        logits_BCV = head_logits(params, h_BCD, config=config.model)
+        logits_BCV = blocked_head_logits(head_weight(params, config.model), h_BCD, config=config.model)
         return token_logprobs_and_entropy(logits_BCV, targets_BC, config.temperature)
 
     logp_NBC, entropy_NBC = jax.lax.map(chunk, (h_NBCD, targets_NBC))
@@ -330,11 +412,19 @@ def train_step(
         micro_batches = (
             _split(batch.tokens_BT, n), _split(batch.attention_BT, n), _split(cotangent_BS, n)
         )
+        # The zero gradient, made from 0·g (no constant to XLA: NaN for an infinite g) so that
+        # it is only allocated once the first pass is done, not beside it.
+        zero = cotangent_BS.reshape(-1)[0] * 0
         grads, _ = jax.lax.scan(
-            step_micro_batch, jax.tree.map(jnp.zeros_like, params), micro_batches
+            step_micro_batch,
+            jax.tree.map(lambda p: jnp.zeros_like(p) + zero.astype(p.dtype), params),
+            micro_batches,
         )
-    updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    if n == 1:
+        updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+    else:
+        params, opt_state = _update_leaf_by_leaf(grads, opt_state, params, config)
     metrics.update(
         loss=loss,
         grad_norm=optax.tree.norm(grads),
