@@ -1,7 +1,7 @@
 """Train step memory and throughput: a Qwen2.5-0.5B-shaped step's memory, the demo's step speed.
 
 Usage: python scripts/bench_trainer.py [--rows 256 32] [--width 1024] [--micro-batch 4]
-                                       [--logits-chunk 32] [--repeats 7] [--baseline-ref main]
+                                       [--logits-chunk 32] [--repeats 7] [--baseline-ref REV]
                                        [--no-memory] [--no-speed]
 
 Memory: a decoder of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query heads, 2 kv heads,
@@ -19,7 +19,9 @@ holds at the first count.
 Speed: the built-in demo's model (the default ``model`` section, character vocabulary) and its
 default batch (``scheduling.groups_per_batch`` × ``sampling.group_size`` rows, 32 tokens wide), with
 the default trainer settings, through this tree's ``train_step`` and through the step as it was
-at ``--baseline-ref`` (its ``runtime/trainer/step.py`` read from git and imported beside this one).
+at ``--baseline-ref`` (its ``runtime/trainer/step.py`` read from git and imported beside this one;
+by default ``7e492d8``, the last revision before the step gained micro-batches, chunks, remat and
+bfloat16).
 Both are compiled first, then timed alternately ``--repeats`` times each; the figures are the
 medians. ``step_tok_s`` / ``baseline_tok_s`` count every position of every row (B × T) per
 second. ``bounded_tok_s`` is the same step with micro-batches of 32 rows, chunks of 8 positions
@@ -189,6 +191,10 @@ def step_speed(repeats: int, baseline_ref: str) -> dict:
     }
 
 
+BASELINE_REF = "7e492d8"
+"""The step before micro-batches, log-prob chunks, remat and bfloat16 were added to it."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[256, 32])
@@ -196,7 +202,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--logits-chunk", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--baseline-ref", default="main")
+    parser.add_argument("--baseline-ref", default=BASELINE_REF)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--no-speed", action="store_true")
     args = parser.parse_args()
