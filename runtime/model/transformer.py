@@ -181,8 +181,8 @@ def forward(
 
 
 # Queries per attention block in a rematerialised layer (``kernels.attention``'s
-# ``query_blocked_attention``): [B, heads, 128, T] float32 scores instead of [B, heads, T, T].
-REMAT_QUERY_BLOCK = 128
+# ``query_blocked_attention``): [B, heads, 64, T] float32 scores instead of [B, heads, T, T].
+REMAT_QUERY_BLOCK = 64
 # Positions per MLP block in a rematerialised layer: [B, 512, intermediate] activations at a time.
 REMAT_TOKEN_BLOCK = 512
 
