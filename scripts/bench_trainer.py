@@ -22,8 +22,8 @@ the default trainer settings, through this tree's ``train_step`` and through the
 at ``--baseline-ref`` (its ``runtime/trainer/step.py`` read from git and imported beside this one;
 by default ``7e492d8``, the last revision before the step gained micro-batches, chunks, remat and
 bfloat16).
-Both are compiled first, then timed alternately ``--repeats`` times each; the figures are the
-medians. ``step_tok_s`` / ``baseline_tok_s`` count every position of every row (B × T) per
+Both are compiled first, then timed alternately ``--repeats`` times each, each round starting
+with the next one; the figures are the medians. ``step_tok_s`` / ``baseline_tok_s`` count every position of every row (B × T) per
 second. ``bounded_tok_s`` is the same step with micro-batches of 32 rows, chunks of 8 positions
 and remat (the memory settings on a model too small to need them: their cost in compute).
 
@@ -169,8 +169,11 @@ def step_speed(repeats: int, baseline_ref: str) -> dict:
         jax.block_until_ready(params)
         state[name] = (params, opt)
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, (fn, config) in steps.items():
+    names = list(steps)
+    for r in range(repeats):
+        # Each round starts with another step, so that no step always follows the same one.
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, config = steps[name]
             params, opt = state[name]
             start = time.perf_counter()
             params, opt, metrics = fn(params, opt, batch, logp_old, logp_old, current, config=config)
