@@ -57,14 +57,13 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
     Raises:
       UsageError: bad directory, run or ``from_version``.
     """
-    from ledger import LedgerError, open_store
+    from ledger import open_store
 
     rundir = RunDir(directory)
     rundir.check_exists()
     with open_store(directory, readonly=True) as store:
         run_id = rundir.select_run(store, run_id)
-        return _Replay(directory, store, run_id, log, warn).run(from_version, regenerate, check_snapshots,
-                                                               LedgerError)
+        return _Replay(directory, store, run_id, log, warn).run(from_version, regenerate, check_snapshots)
 
 
 class _Replay:
@@ -88,7 +87,8 @@ class _Replay:
                             final and final[1], regenerated, ordered(divergences), self.fp,
                             time.monotonic() - self.t0, self.requested, self.snapshots_checked)
 
-    def run(self, from_version: int, regenerate: bool, check_snapshots: bool, ledger_error) -> ReplayReport:
+    def run(self, from_version: int, regenerate: bool, check_snapshots: bool) -> ReplayReport:
+        from ledger import LedgerError
         from runtime.controller import ReplayDivergence, snapshot
         from runtime.session import fingerprint
 
@@ -98,7 +98,7 @@ class _Replay:
             seq = chain.first_bad_seq or 0
             try:
                 bad = next(iter(self.store.scan(self.run_id, seq, seq)), None)
-            except ledger_error:  # an unreadable record: its kind is unknown too
+            except LedgerError:  # an unreadable record: its kind is unknown too
                 bad = None
             return self.report([Divergence("ledger", seq, "missing" if bad is None else bad.kind, "chain",
                                            f"hash chain: {chain.reason}")])

@@ -124,24 +124,19 @@ def accumulate(grads, params, tokens_bT, attention_bT, cotangent_bS, *, config: 
         dz_bCV = (g_bC[..., None] * inv_t) * (onehot_bCV.astype(jnp.float32) - jnp.exp(logp_bCV))
         dz_bCV = dz_bCV.astype(compute)
 
+        # The head weight is [V, D] when tied to the embedding, [D, V] otherwise (as forward).
+        w_spec, v_axis = ("kd", 0) if config.tie_word_embeddings else ("dk", 1)
+
         def vocab_block(k, carry):
             dw, dh_bCD = carry
             dz_bCK = jax.lax.dynamic_slice_in_dim(dz_bCV, k * block, block, axis=2)
             w_blk = _weight_block(w, k * block, block, config=config)
-            if config.tie_word_embeddings:
-                dh_bCD = dh_bCD + jnp.einsum(
-                    "bck,kd->bcd", dz_bCK, w_blk, preferred_element_type=jnp.float32
-                )
-                dw_KD = jnp.einsum("bck,bcd->kd", dz_bCK, h_bCD, preferred_element_type=jnp.float32)
-                old_KD = jax.lax.dynamic_slice_in_dim(dw, k * block, block, axis=0)
-                dw = jax.lax.dynamic_update_slice_in_dim(dw, old_KD + dw_KD, k * block, axis=0)
-                return dw, dh_bCD
             dh_bCD = dh_bCD + jnp.einsum(
-                "bck,dk->bcd", dz_bCK, w_blk, preferred_element_type=jnp.float32
+                f"bck,{w_spec}->bcd", dz_bCK, w_blk, preferred_element_type=jnp.float32
             )
-            dw_DK = jnp.einsum("bck,bcd->dk", dz_bCK, h_bCD, preferred_element_type=jnp.float32)
-            old_DK = jax.lax.dynamic_slice_in_dim(dw, k * block, block, axis=1)
-            dw = jax.lax.dynamic_update_slice_in_dim(dw, old_DK + dw_DK, k * block, axis=1)
+            dw_blk = jnp.einsum(f"bck,bcd->{w_spec}", dz_bCK, h_bCD, preferred_element_type=jnp.float32)
+            old_blk = jax.lax.dynamic_slice_in_dim(dw, k * block, block, axis=v_axis)
+            dw = jax.lax.dynamic_update_slice_in_dim(dw, old_blk + dw_blk, k * block, axis=v_axis)
             return dw, dh_bCD
 
         dh_bCD = jnp.zeros(h_bCD.shape, jnp.float32)
