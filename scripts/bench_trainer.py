@@ -1,7 +1,7 @@
 """Train step memory and throughput: a Qwen2.5-0.5B-shaped step's memory, the demo's step speed.
 
 Usage: python scripts/bench_trainer.py [--rows 256 32] [--width 1024] [--micro-batch 4]
-                                       [--logits-chunk 32] [--repeats 7] [--baseline-ref REV]
+                                       [--logits-chunk 32] [--repeats 9] [--warmup 3] [--baseline-ref REV]
                                        [--no-memory] [--no-speed]
 
 Memory: a decoder of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query heads, 2 kv heads,
@@ -22,9 +22,15 @@ the default trainer settings, through this tree's ``train_step`` and through the
 at ``--baseline-ref`` (its ``runtime/trainer/step.py`` read from git and imported beside this one;
 by default ``7e492d8``, the last revision before the step gained micro-batches, chunks, remat and
 bfloat16).
-Both are compiled first, then timed alternately ``--repeats`` times each, each round starting
-with the next one; the figures are the medians. ``step_tok_s`` / ``baseline_tok_s`` count every position of every row (B × T) per
-second. ``bounded_tok_s`` is the same step with micro-batches of 32 rows, chunks of 8 positions
+Both are compiled and run ``--warmup`` times untimed first (the first calls of a step on this
+machine are slower, while its buffers are first touched), then timed alternately ``--repeats``
+times each, each round starting with the next one; the figures are the medians, and
+``step_over_baseline`` is the median over rounds of the round's baseline time over its step time
+(a ratio within a round, so that a drift of the machine's speed cancels). ``step_tok_s`` /
+``baseline_tok_s`` count every position of every row (B × T) per second.
+``same_program_as_baseline`` says whether the two compile to the same optimized XLA program (its
+instructions, without source locations): where they do, any difference in their times is the
+machine's noise. ``bounded_tok_s`` is the same step with micro-batches of 32 rows, chunks of 8 positions
 and remat (the memory settings on a model too small to need them: their cost in compute).
 
 The last line printed is a JSON object with every figure.
@@ -37,6 +43,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -140,7 +147,15 @@ def demo_batch(model: ModelConfig, rows: int, seed: int = 0) -> TrainBatch:
     )
 
 
-def step_speed(repeats: int, baseline_ref: str) -> dict:
+def program_text(fn, args, config) -> str:
+    """The optimized XLA program of ``fn(*args, config=config)``: its instructions only, without
+    the metadata (source files, lines, names) that differ between two copies of the same code."""
+    text = fn.lower(*args, config=config).compile().as_text()
+    lines = [line for line in text.splitlines() if re.match(r"\s*(ROOT )?%|ENTRY|HloModule|}", line)]
+    return "\n".join(re.sub(r",? ?metadata=\{[^}]*\}", "", line) for line in lines)
+
+
+def step_speed(repeats: int, baseline_ref: str, warmup: int = 3) -> dict:
     from runtime.session import _builtin_config
 
     run_config = Config()
@@ -162,11 +177,14 @@ def step_speed(repeats: int, baseline_ref: str) -> dict:
     current = jnp.ones((rows,), bool)
     params0 = init_params(model, key=jax.random.key(0))
     state = {}
+    programs = {}
     for name, (fn, config) in steps.items():
         params = jax.tree.map(jnp.array, params0)
         opt = make_optimizer(config).init(params)
-        params, opt, _ = fn(params, opt, batch, logp_old, logp_old, current, config=config)  # compile
-        jax.block_until_ready(params)
+        programs[name] = program_text(fn, (params, opt, batch, logp_old, logp_old, current), config)
+        for _ in range(1 + warmup):  # the first call compiles
+            params, opt, _ = fn(params, opt, batch, logp_old, logp_old, current, config=config)
+            jax.block_until_ready(params)
         state[name] = (params, opt)
     times: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
@@ -189,7 +207,14 @@ def step_speed(repeats: int, baseline_ref: str) -> dict:
         "step_tok_s": tokens / medians["step"],
         "baseline_tok_s": tokens / medians["baseline"],
         "bounded_tok_s": tokens / medians["bounded"],
-        "step_over_baseline": medians["baseline"] / medians["step"],
+        "step_over_baseline": statistics.median(
+            b / s for b, s in zip(times["baseline"], times["step"], strict=True)
+        ),
+        "step_over_baseline_range": [
+            min(b / s for b, s in zip(times["baseline"], times["step"], strict=True)),
+            max(b / s for b, s in zip(times["baseline"], times["step"], strict=True)),
+        ],
+        "same_program_as_baseline": programs["step"] == programs["baseline"],
         "step_ms": {name: [round(1e3 * x, 2) for x in ts] for name, ts in times.items()},
     }
 
@@ -204,7 +229,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--logits-chunk", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--no-speed", action="store_true")
@@ -234,7 +260,7 @@ def main() -> None:
             plain_logits_gib=args.rows[0] * args.width * QWEN25_05B.vocab_size * 4 / GIB,
         )
     if not args.no_speed:
-        speed = step_speed(args.repeats, args.baseline_ref)
+        speed = step_speed(args.repeats, args.baseline_ref, args.warmup)
         print(json.dumps(speed), flush=True)
         result.update(speed)
     print(json.dumps(result))
