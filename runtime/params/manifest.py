@@ -4,8 +4,15 @@ Layout under the store root (every key relative to it)::
 
     manifests/v{N}.json        the manifest; version N exists if and only if this key does
     pending/v{N}.{C}           empty; the data under v{N}/{C}/ may be unpublished or orphaned
-    v{N}/{C}/params/{leaf}/    one zarr3 array per parameter leaf
-    v{N}/{C}/opt_state/{leaf}/ one zarr3 array per optimizer-state leaf
+    v{N}/{C}/params/{leaf}/    one zarr3 array per parameter leaf of at least PACKED_LEAF_BYTES
+    v{N}/{C}/opt_state/{leaf}/ one zarr3 array per such optimizer-state leaf
+    v{N}/{C}/packed/{tree}/    one uint8 zarr3 array holding the tree's smaller leaves
+
+The smaller leaves of a tree (norm scales, biases, a small model's every weight) are packed into
+one array, each leaf's little-endian element bytes in turn, at offsets that are multiples of
+``PACK_ALIGN``, in the order the manifest lists them (``TreeManifest.packed``): one array per
+tree instead of one per leaf is a few files to write, sync and delete per version instead of
+hundreds, which is most of what storing a small model's version costs.
 
 ``C`` is a content id (16 hex digits) of the parameter and optimizer-state digests, so two
 attempts to write different contents for one version never share arrays. The manifest is
@@ -18,15 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.params.digest import LeafRecord, combine
+from runtime.params.digest import LeafRecord, combine, numpy_dtype
 from runtime.params.errors import ParamStoreError
 from runtime.params.tree import Structure
 
-MANIFEST_FORMAT = "rlx.params.manifest.v1"
+MANIFEST_FORMAT = "rlx.params.manifest.v2"
+READABLE_FORMATS = ("rlx.params.manifest.v1", MANIFEST_FORMAT)  # v1: no packed leaves
+PACK_ALIGN = 64
 MANIFESTS = "manifests/"
 PENDING = "pending/"
 TREES = ("params", "opt_state")
@@ -63,6 +74,21 @@ def leaf_key(data: str, tree: str, path: str) -> str:
     return f"{data}{tree}/{path}/" if path else f"{data}{tree}/"
 
 
+def pack_key(data: str, tree: str) -> str:
+    """The key prefix of the zarr3 array that packs ``tree``'s small leaves."""
+    return f"{data}packed/{tree}/"
+
+
+def pack_offsets(records: Sequence[LeafRecord]) -> tuple[list[int], int]:
+    """The byte offset of each packed leaf (``records`` in pack order) and the pack's size."""
+    offsets, end = [], 0
+    for record in records:
+        start = -(-end // PACK_ALIGN) * PACK_ALIGN
+        offsets.append(start)
+        end = start + numpy_dtype(record.dtype).itemsize * math.prod(record.shape)
+    return offsets, end
+
+
 def parse_manifest_name(name: str) -> int | None:
     """The version of a key under ``manifests/``, or ``None`` for a foreign key."""
     match = _MANIFEST_NAME.fullmatch(name)
@@ -79,17 +105,20 @@ def parse_pending_name(name: str) -> tuple[int, str] | None:
 
 @dataclass(frozen=True)
 class TreeManifest:
-    """One stored tree: its digest, the records of its leaves and its structure."""
+    """One stored tree: its digest, the records of its leaves, its structure, and the paths of
+    the leaves packed into its ``pack_key`` array, in pack order (a subsequence of ``leaves``)."""
 
     digest: str
     leaves: tuple[LeafRecord, ...]
     structure: Structure
+    packed: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "digest": self.digest,
             "leaves": [[r.path, r.dtype, list(r.shape), r.sha256] for r in self.leaves],
             "structure": self.structure,
+            "packed": list(self.packed),
         }
 
     @classmethod
@@ -98,12 +127,22 @@ class TreeManifest:
             LeafRecord(str(path), str(dtype), tuple(int(d) for d in shape), str(sha))
             for path, dtype, shape, sha in value["leaves"]
         )
-        return cls(str(value["digest"]), leaves, value["structure"])
+        packed = tuple(str(path) for path in value.get("packed", ()))
+        return cls(str(value["digest"]), leaves, value["structure"], packed)
+
+    def packed_records(self) -> tuple[LeafRecord, ...]:
+        """The records of the packed leaves, in pack order."""
+        by_path = {r.path: r for r in self.leaves}
+        return tuple(by_path[path] for path in self.packed)
 
     def check(self) -> None:
-        """Raise if the leaf records do not combine to the recorded digest."""
+        """Raise if the leaf records do not combine to the recorded digest, or the packed paths
+        are not distinct leaves of the tree."""
         if combine(self.leaves) != self.digest:
             raise ParamStoreError(f"leaf records do not combine to digest {self.digest}")
+        paths = {r.path for r in self.leaves}
+        if len(set(self.packed)) != len(self.packed) or not paths.issuperset(self.packed):
+            raise ParamStoreError("packed leaves are not distinct leaves of the tree")
 
 
 @dataclass(frozen=True)
@@ -139,8 +178,8 @@ class Manifest:
         """Parse and check the manifest stored under ``manifest_key(version)``."""
         try:
             body = json.loads(raw)
-            if body.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"format {body.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+            if body.get("format") not in READABLE_FORMATS:
+                raise ValueError(f"format {body.get('format')!r}, expected one of {READABLE_FORMATS}")
             if body["version"] != version:
                 raise ValueError(f"it names version {body['version']}")
             opt_state = body["opt_state"]

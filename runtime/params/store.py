@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +26,7 @@ import tensorstore as ts
 
 from runtime.failpoints import failpoint
 from runtime.params import manifest as layout
-from runtime.params.digest import canonical_leaves, combine, data_sha256s, leaf_records
+from runtime.params.digest import canonical_leaves, combine, data_sha256s, leaf_records, numpy_dtype
 from runtime.params.errors import DigestMismatch, ParamStoreError
 from runtime.params.location import Location, parse_location
 from runtime.params.manifest import Manifest, TreeManifest
@@ -66,22 +67,58 @@ def _stored(manifest: Manifest, tree: str) -> TreeManifest:
     return stored
 
 
-def _tree_manifest(leaves: Sequence[tuple[str, np.ndarray]], structure: Any) -> TreeManifest:
+PACKED_LEAF_BYTES = 1 << 20
+"""Leaves smaller than this are packed into one array per tree (``manifest.py``)."""
+
+
+def _tree_manifest(
+    leaves: Sequence[tuple[str, np.ndarray]], structure: Any, pack_below: int
+) -> TreeManifest:
     records = leaf_records(leaves)
-    return TreeManifest(combine(records), records, structure)
+    packed = tuple(path for path, array in leaves if array.nbytes < pack_below)
+    return TreeManifest(combine(records), records, structure, packed)
+
+
+def _pack(leaves: Sequence[tuple[str, np.ndarray]], tree: TreeManifest) -> np.ndarray:
+    """The packed leaves' bytes at their ``pack_offsets``, as one uint8 array."""
+    arrays = dict(leaves)
+    offsets, size = layout.pack_offsets(tree.packed_records())
+    buffer = np.zeros(size, np.uint8)
+    for path, offset in zip(tree.packed, offsets, strict=True):
+        data = arrays[path].reshape(-1).view(np.uint8)  # canonical: little-endian, C order
+        buffer[offset : offset + data.size] = data
+    return buffer
+
+
+def _unpack(buffer: np.ndarray, tree: TreeManifest) -> dict[str, np.ndarray]:
+    """The packed leaves of ``tree`` from its pack's bytes (views of ``buffer``)."""
+    records = tree.packed_records()
+    offsets, size = layout.pack_offsets(records)
+    if buffer.dtype != np.uint8 or buffer.shape != (size,):
+        raise ValueError(f"the packed leaves are {buffer.dtype}{list(buffer.shape)}, not uint8[{size}]")
+    out = {}
+    for record, offset in zip(records, offsets, strict=True):
+        dtype = numpy_dtype(record.dtype)
+        count = dtype.itemsize * math.prod(record.shape)
+        out[record.path] = buffer[offset : offset + count].view(dtype).reshape(record.shape)
+    return out
 
 
 class ParamStore:
     """A versioned parameter store at one URL. Create with ``ParamStore.open``."""
 
-    def __init__(self, location: Location, context: ts.Context, kv: ts.KvStore) -> None:
+    def __init__(
+        self, location: Location, context: ts.Context, kv: ts.KvStore, pack_below: int = PACKED_LEAF_BYTES
+    ) -> None:
         self._location = location
         self._context = context
         self._kv = kv
+        self._pack_below = pack_below
 
     @classmethod
     def open(
-        cls, url: str, *, create: bool = False, context: ts.Context | None = None
+        cls, url: str, *, create: bool = False, context: ts.Context | None = None,
+        pack_below: int | None = None,
     ) -> ParamStore:
         """Open the store at ``url`` (``file://``, ``memory://`` or a local path).
 
@@ -89,6 +126,8 @@ class ParamStore:
             url: where the store lives; see ``runtime.params.location.parse_location``.
             create: create a missing local directory instead of failing.
             context: TensorStore context; the process-wide one by default.
+            pack_below: leaves of fewer bytes that this store's ``put`` packs into one array
+                per tree (None: ``PACKED_LEAF_BYTES``; 0: none). Readers read either layout.
 
         Unpublished data of a crashed ``put`` is ignored; the single writer removes it with
         ``sweep``.
@@ -106,7 +145,7 @@ class ParamStore:
             os.makedirs(directory, exist_ok=True)
         ctx = context if context is not None else _PROCESS_CONTEXT
         kv = cls._await(ts.KvStore.open(location.kvstore(), context=ctx), f"opening {url}")
-        return cls(location, ctx, kv)
+        return cls(location, ctx, kv, PACKED_LEAF_BYTES if pack_below is None else pack_below)
 
     @property
     def url(self) -> str:
@@ -189,11 +228,11 @@ class ParamStore:
         """
         version = _check_version(version)
         trees = {"params": canonical_leaves(params)}
-        params_tree = _tree_manifest(trees["params"], describe(params))
+        params_tree = _tree_manifest(trees["params"], describe(params), self._pack_below)
         opt_tree = None
         if opt_state is not None:
             trees["opt_state"] = canonical_leaves(opt_state)
-            opt_tree = _tree_manifest(trees["opt_state"], describe(opt_state))
+            opt_tree = _tree_manifest(trees["opt_state"], describe(opt_state), self._pack_below)
         content = layout.content_id(params_tree.digest, None if opt_tree is None else opt_tree.digest)
         data = layout.data_prefix(version, content)
         manifest = Manifest(version, data, params_tree, opt_tree)
@@ -204,7 +243,7 @@ class ParamStore:
             return self._same_or_raise(manifest, existing.value)
         self._write_key(layout.pending_key(data), b"")
         for name, tree_leaves in trees.items():
-            self._write_arrays(data, name, tree_leaves)
+            self._write_tree(data, name, tree_leaves, _stored(manifest, name))
         failpoint("params.put")
         stamp = self._await(
             self._kv.write(key, manifest.encode(), if_equal=existing.stamp.generation),
@@ -250,6 +289,11 @@ class ParamStore:
         stored = manifest.tree(tree) if tree in layout.TREES else None
         if stored is None or path not in {record.path for record in stored.leaves}:
             raise ParamStoreError(f"version {version} has no {tree} leaf {path!r}")
+        if path in stored.packed:
+            raise ParamStoreError(
+                f"version {version}'s {tree} leaf {path!r} is packed with the tree's other small "
+                "leaves (a store opened with pack_below=0 writes one array per leaf); read it with get()"
+            )
         return self._array_spec(layout.leaf_key(manifest.data, tree, path))
 
     # -- internals ----------------------------------------------------------------------------
@@ -287,20 +331,30 @@ class ParamStore:
     def _array_spec(self, key: str) -> dict[str, Any]:
         return {"driver": "zarr3", "kvstore": self._location.kvstore(key)}
 
-    def _write_arrays(self, data: str, tree: str, leaves: Sequence[tuple[str, np.ndarray]]) -> None:
+    def _write_tree(
+        self, data: str, tree: str, leaves: Sequence[tuple[str, np.ndarray]], stored: TreeManifest
+    ) -> None:
+        """Write one tree's arrays: each leaf that is not packed, then the pack (if any)."""
+        packed = set(stored.packed)
+        arrays = [(layout.leaf_key(data, tree, path), a) for path, a in leaves if path not in packed]
+        if packed:
+            arrays.append((layout.pack_key(data, tree), _pack(leaves, stored)))
+        self._write_arrays(arrays, f"writing {tree} under {data} in {self.url}")
+
+    def _write_arrays(self, arrays: Sequence[tuple[str, np.ndarray]], what: str) -> None:
+        """Create and write one zarr3 array under each key, all at once."""
         opening = [
             ts.open(
-                {**self._array_spec(layout.leaf_key(data, tree, path)), "metadata": _METADATA},
+                {**self._array_spec(key), "metadata": _METADATA},
                 create=True,
                 open=True,
                 dtype=ts.dtype(array.dtype.name),
                 shape=array.shape,
                 context=self._context,
             )
-            for path, array in leaves
+            for key, array in arrays
         ]
-        what = f"writing {tree} under {data} in {self.url}"
-        writes = [self._await(f, what).write(a) for f, (_, a) in zip(opening, leaves, strict=True)]
+        writes = [self._await(f, what).write(a) for f, (_, a) in zip(opening, arrays, strict=True)]
         for write in writes:
             self._await(write, what)
 
@@ -311,12 +365,19 @@ class ParamStore:
         return rebuild(_stored(manifest, tree).structure, arrays)
 
     def _read_arrays(self, manifest: Manifest, tree: str) -> dict[str, np.ndarray]:
-        records = _stored(manifest, tree).leaves
-        specs = [self._array_spec(layout.leaf_key(manifest.data, tree, r.path)) for r in records]
+        stored = _stored(manifest, tree)
+        records = stored.leaves
+        packed = set(stored.packed)
+        keys = [layout.leaf_key(manifest.data, tree, r.path) for r in records if r.path not in packed]
+        if packed:
+            keys.append(layout.pack_key(manifest.data, tree))
         try:
-            opened = [ts.open(spec, open=True, context=self._context) for spec in specs]
+            opened = [ts.open(self._array_spec(key), open=True, context=self._context) for key in keys]
             reads = [future.result().read() for future in opened]
-            arrays = [read.result() for read in reads]
+            read = [r.result() for r in reads]
+            by_path = _unpack(read.pop(), stored) if packed else {}
+            alone = iter(read)
+            arrays = [by_path[r.path] if r.path in packed else next(alone) for r in records]
         except ValueError as e:
             gone = self._read_key(layout.manifest_key(manifest.version)) is None
             reason = "it was deleted while being read" if gone else f"its data is unreadable: {e}"

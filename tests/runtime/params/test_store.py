@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 
 import jax
@@ -61,9 +62,11 @@ class StoreContract:
     def url(self, tmp_path) -> str:
         return self.make_url(tmp_path)
 
-    @pytest.fixture
-    def store(self, url) -> ParamStore:
-        return ParamStore.open(url, create=True)
+    @pytest.fixture(params=["packed", "per_leaf"])
+    def store(self, url, request) -> ParamStore:
+        """Both layouts: small leaves packed into one array per tree (the default), and one
+        array per leaf (``pack_below=0``, as a large model's big leaves are stored)."""
+        return ParamStore.open(url, create=True, pack_below=None if request.param == "packed" else 0)
 
     def test_params_round_trip_bit_exact(self, store):
         params = flax_like_params()
@@ -177,9 +180,21 @@ class StoreContract:
         params = {"enc": {"w": np.arange(8, dtype=np.float32)}, "dec": {"w": np.ones(4, np.int32)}}
         store.put(0, params)
         # Overwrite one element through TensorStore itself, as a bad disk or a stray writer would.
-        array = ts.open(store.leaf_spec(0, "enc/w"), open=True, context=store.context).result()
-        assert array.read().result().tolist() == list(range(8))
-        array[3].write(np.float32(-1.0)).result()
+        manifest = store.manifest(0)
+        if manifest.params.packed:
+            assert manifest.params.packed == ("dec/w", "enc/w")  # the leaves in flattening order
+            with pytest.raises(ParamStoreError, match="'enc/w' is packed .* read it with get"):
+                store.leaf_spec(0, "enc/w")
+            spec = store._array_spec(layout.pack_key(manifest.data, "params"))
+            pack = ts.open(spec, open=True, context=store.context).result()
+            offsets, size = layout.pack_offsets(manifest.params.packed_records())
+            assert offsets == [0, layout.PACK_ALIGN] and size == layout.PACK_ALIGN + 32
+            assert pack.read().result()[offsets[1]:].view(np.float32).tolist() == list(range(8))
+            pack[offsets[1] + 12].write(np.uint8(0x80)).result()  # a bit of element 3
+        else:
+            array = ts.open(store.leaf_spec(0, "enc/w"), open=True, context=store.context).result()
+            assert array.read().result().tolist() == list(range(8))
+            array[3].write(np.float32(-1.0)).result()
         with pytest.raises(ParamStoreError, match="has no params leaf 'enc'"):
             store.leaf_spec(0, "enc")
         with pytest.raises(DigestMismatch, match="params leaf 'enc/w' does not match") as info:
@@ -196,7 +211,7 @@ class StoreContract:
         # What a put killed before publishing leaves: its marker and some of its arrays.
         orphan = layout.data_prefix(1, "0123456789abcdef")
         store._write_key(layout.pending_key(orphan), b"")
-        store._write_arrays(orphan, "params", [("w", np.ones(2, np.float32))])
+        store._write_arrays([(layout.leaf_key(orphan, "params", "w"), np.ones(2, np.float32))], "orphan")
         assert store.versions() == (0,)
         assert store.unpublished() == (orphan,)
         assert store.sweep() == (orphan,)
@@ -209,6 +224,40 @@ class StoreContract:
 
 
 _memory_names = itertools.count()
+
+
+def test_a_first_format_manifest_still_reads(tmp_path):
+    """Stores written before small leaves were packed (manifest format v1, no ``packed``) read
+    as they did."""
+    store = ParamStore.open(str(tmp_path), create=True, pack_below=0)
+    params = flax_like_params()
+    store.put(3, params, opt_state={"count": np.int32(2)})
+    body = json.loads(store._read_key(layout.manifest_key(3)))
+    assert body["format"] == layout.MANIFEST_FORMAT and body["params"]["packed"] == []
+    body["format"] = "rlx.params.manifest.v1"
+    for tree in ("params", "opt_state"):
+        del body[tree]["packed"]
+    store._write_key(layout.manifest_key(3), json.dumps(body).encode())
+    reopened = ParamStore.open(str(tmp_path))
+    assert_bit_exact(reopened.get(3), params)
+    assert reopened.verify(3) == params_digest(params)
+
+
+def test_packed_leaves_are_one_array_per_tree(tmp_path):
+    """Every leaf under ``pack_below`` bytes goes into its tree's pack; larger ones stand alone."""
+    store = ParamStore.open(str(tmp_path), create=True, pack_below=64)
+    params = {"big": np.arange(16, dtype=np.float32), "flag": np.array([True, False]),
+              "half": np.ones(3, jnp.bfloat16), "scalar": np.float32(2.5)}
+    store.put(0, params, opt_state=(np.int32(7), np.zeros(20, np.float32)))
+    manifest = store.manifest(0)
+    assert manifest.params.packed == ("flag", "half", "scalar")
+    assert manifest.opt_state is not None and manifest.opt_state.packed == ("0",)
+    assert_bit_exact(store.get(0), params)
+    assert_bit_exact(store.get_opt_state(0), (np.int32(7), np.zeros(20, np.float32)))
+    arrays = sorted(os.path.relpath(d, tmp_path) for d, _, fs in os.walk(tmp_path) if "zarr.json" in fs)
+    data = manifest.data
+    assert arrays == sorted([f"{data}params/big", f"{data}packed/params", f"{data}opt_state/1",
+                             f"{data}packed/opt_state"])
 
 
 class TestMemoryStore(StoreContract):
