@@ -162,6 +162,13 @@ def metric(summary: dict, name: str) -> list[float]:
     return [float(m.get(name, float("nan"))) for m in summary["metrics"]]
 
 
+def metric_curve(summaries: Sequence[dict], name: str) -> tuple[list[int], list[float]]:
+    """Per-step train metric ``name``: the steps and, at each, the mean over seeds."""
+    steps = [m["step"] for m in summaries[0]["metrics"]]
+    per_seed = [metric(s, name) for s in summaries]
+    return steps, [mean(values) for values in zip(*per_seed, strict=True)]
+
+
 def eval_curve(summaries: Sequence[dict], x: str) -> tuple[list[float], list[float]]:
     """The held-out greedy pass rate of the periodic evaluations against ``x`` ("step" or
     "wall_seconds"), each point the mean over seeds (the seeds share the evaluated steps)."""
@@ -276,4 +283,4 @@ def finish(figure_path: str, table_path: str, results: dict[str, dict]) -> None:
 
 
 __all__ = ["DEFAULT_OUT", "ROOT", "TABLE_NOTE", "Study", "check_args", "eval_curve", "figure", "finish", "learning", "mean",
-           "metric", "parser", "plot_pass_rate", "run_study", "save", "write_markdown"]
+           "metric", "metric_curve", "parser", "plot_pass_rate", "run_study", "save", "write_markdown"]

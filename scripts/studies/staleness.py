@@ -58,8 +58,9 @@ def main(argv: list[str]) -> None:
         ["config", "steps/min", "start pass", "final pass", "gain (points)", "mean staleness", "max staleness"],
         table, figure_path,
         notes=[common.TABLE_NOTE, "",
-               "Mean staleness: the mean over steps of each step's `staleness_mean` (versions between a rollout's "
-               "weights and the trained ones); max staleness: the largest `staleness_max` of any step."])
+               "Mean staleness: the mean over steps of each step's `staleness_mean` (the version the step starts "
+               "from minus the version that sampled each rollout of its batch, averaged over the batch); max "
+               "staleness: the largest `staleness_max` of any step."])
     common.finish(figure_path, table_path, rows)
 
 
