@@ -41,11 +41,11 @@ def main(argv: list[str]) -> None:
     results = common.run_study(args, "alignment", configs)
 
     fig, (mismatch, by_step) = common.figure(2, f"log-prob mismatch and TIS, {args.steps} RL steps, seeds {args.seeds}")
-    for label, summaries in results.items():
+    for i, (label, summaries) in enumerate(results.items()):
         for name, style in (("logprob_mismatch_max", "-"), ("logprob_mismatch_mean", "--")):
             steps, per_step = common.metric_curve(summaries, name)
             shown = [(x, y) for x, y in zip(steps, per_step, strict=True) if y > 0.0]  # a log scale has no 0
-            mismatch.plot([x for x, _ in shown], [y for _, y in shown], style, linewidth=1.1,
+            mismatch.plot([x for x, _ in shown], [y for _, y in shown], style, color=f"C{i}", linewidth=1.1,
                           label=f"{label} {name.rsplit('_', 1)[1]}")
     mismatch.set_yscale("log")
     mismatch.set_xlabel("RL step")
