@@ -30,7 +30,7 @@ def study(script: str, out: str, cache_dir: str, *extra: str) -> subprocess.Comp
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "extra", "labels", "own"), [
-    ("algorithms", ["--algorithms", "grpo", "rloo"], ["grpo", "rloo"], "gain_points"),
+    ("algorithms", ["--algorithms", "rloo"], ["rloo"], "gain_points"),
     ("staleness", ["--staleness", "0", "1", "--modes", "deterministic"], ["deterministic-s0", "deterministic-s1"],
      "staleness_mean"),
     ("alignment", ["--dtypes", "float32"], ["float32-none", "float32-tis"], "mismatch_max"),
