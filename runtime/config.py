@@ -253,14 +253,17 @@ class DataConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig(Section):
-    """How rollouts are sampled: ``group_size`` samples per prompt."""
+    """How rollouts are sampled: ``group_size`` samples per prompt, at most ``max_tokens``
+    completion tokens each (None: the task's own budget, ``Task.max_tokens``: 5 for the built-in
+    arithmetic, whose longest answer is four digits and the end token; 8 otherwise). A config
+    always holds the number itself: ``Config`` fills it in from ``data.task``."""
 
     NAME = "sampling"
     group_size: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_tokens: int = 8
+    max_tokens: int | None = None
 
     def check(self) -> None:
         self._at_least("group_size", 1)
@@ -269,11 +272,12 @@ class SamplingConfig(Section):
             raise _fail("sampling.top_p", self.top_p, "it must be in (0, 1]")
         self._at_least("top_k", 0)
         self._at_least("max_tokens", 1)
-        if self.max_tokens > MAX_TOKENS:
+        if self.max_tokens is not None and self.max_tokens > MAX_TOKENS:
             raise _fail("sampling.max_tokens", self.max_tokens, f"it must be <= {MAX_TOKENS}")
 
     def request(self) -> dict[str, Any]:
         """The sampling parameters every rollout request carries."""
+        assert self.max_tokens is not None, "Config fills in sampling.max_tokens"
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                 "max_tokens": self.max_tokens}
 
@@ -490,6 +494,15 @@ SECTIONS: dict[str, type[Section]] = {
 }
 
 
+def task_max_tokens(task: str) -> int:
+    """The completion budget of the task named ``task`` (``Task.max_tokens``); an unknown name
+    gets the base budget here and its one-line refusal when the task is built."""
+    from runtime.tasks import TASKS
+    from runtime.tasks.base import Task
+
+    return getattr(TASKS.get(task), "max_tokens", Task.max_tokens)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The whole run configuration."""
@@ -510,6 +523,9 @@ class Config:
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
+        if self.sampling.max_tokens is None:  # the task's own budget (frozen: set as __init__ does)
+            object.__setattr__(self, "sampling", dataclasses.replace(
+                self.sampling, max_tokens=task_max_tokens(self.data.task)))
         self.objective()  # the registry rejects unknown options and invalid combinations
         rows = self.scheduling.groups_per_batch * self.sampling.group_size
         micro = self.trainer.micro_batch_size

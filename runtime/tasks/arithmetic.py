@@ -19,6 +19,7 @@ class Arithmetic(Task):
     """``a+b=`` with ``a, b`` zero-padded to ``digits`` digits."""
 
     name = "arithmetic"
+    max_tokens = 5  # the longest answer of the 3-digit sums (4 digits) and the end token
 
     def __init__(self, digits: int = 3, eval_size: int = 500, seed: int = 0):
         if not isinstance(digits, int) or not 1 <= digits <= 6:

@@ -144,6 +144,8 @@ class Task(abc.ABC):
     code_verifier: Any = None
     reads_path: bool = False
     """Whether the task takes its training problems from a data file (a ``path`` parameter)."""
+    max_tokens: int = 8
+    """Completion tokens a rollout may take when ``sampling.max_tokens`` does not say."""
 
     @property
     def has_code(self) -> bool:
