@@ -201,8 +201,8 @@ def step_speed(repeats: int, baseline_ref: str, warmup: int = 3) -> dict:
     tokens = rows * DEMO_WIDTH
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     return {
-        "rows": rows,
-        "width": DEMO_WIDTH,
+        "speed_rows": rows,
+        "speed_width": DEMO_WIDTH,
         "baseline_ref": baseline_ref,
         "step_tok_s": tokens / medians["step"],
         "baseline_tok_s": tokens / medians["baseline"],
