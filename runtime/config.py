@@ -537,6 +537,12 @@ class Config:
                         f"it must be 0 (the whole batch) or divide the batch of {rows} rows "
                         "(scheduling.groups_per_batch × sampling.group_size)")
 
+    @property
+    def max_tokens(self) -> int:
+        """``sampling.max_tokens``: always a number in a ``Config`` (``__post_init__``)."""
+        assert self.sampling.max_tokens is not None
+        return self.sampling.max_tokens
+
     def objective(self) -> Any:
         """The configured objective (``kernels.objectives.configure``) of this run.
 

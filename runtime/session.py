@@ -89,7 +89,7 @@ class EngineShape:
         """The shape for sequences of ``width`` tokens (prompt and completion) under ``config``."""
         w = config.workers
         page_size = w.page_size
-        longest_prompt = width - config.sampling.max_tokens
+        longest_prompt = width - config.max_tokens
         bucket = page_size
         while bucket < longest_prompt:
             bucket *= 2
@@ -147,7 +147,7 @@ class Session:
         n = min(limit, task.eval_size)
         problems = [task.problem("eval", i) for i in range(n)]
         self.engine.update_params(params)
-        greedy = SamplingParams(temperature=0.0, max_tokens=self.config.sampling.max_tokens,
+        greedy = SamplingParams(temperature=0.0, max_tokens=self.config.max_tokens,
                                 stop_token_ids=codec.eos_ids)
         completions = self.engine.generate([codec.encode_prompt(p) for p in problems], greedy, list(range(n)))
         texts = [codec.decode(c.tokens) for c in completions]
@@ -254,7 +254,7 @@ def longest_prompt(config: Config, task, codec, positions: int) -> int:
     """The longest prompt of ``task`` in ``codec``'s tokens, within ``data.max_prompt_tokens`` and
     the model's ``positions`` less ``sampling.max_tokens``; a prompt over that limit is a one-line
     error naming it."""
-    max_tokens = config.sampling.max_tokens
+    max_tokens = config.max_tokens
     room = positions - max_tokens
     cap = config.data.max_prompt_tokens
     if cap is not None and cap > room:
@@ -345,7 +345,7 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
     codec = build_codec(config)  # the checkpoint's text files are checked before its weights are read
     model = _initial_model(config)
     positions = model.config.max_position_embeddings
-    width = longest_prompt(config, task, codec, positions) + config.sampling.max_tokens
+    width = longest_prompt(config, task, codec, positions) + config.max_tokens
     model.config.check_sequence_length(width)
     warm_start: dict = {"steps": 0, "cached": False}
     p = config.pretrain

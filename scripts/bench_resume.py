@@ -101,7 +101,7 @@ def synthesize(out: str, events: int, log) -> dict:
                                  snapshot_every=config.ledger.snapshot_every)
     trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, session.step_config,
                           group_size=config.sampling.group_size, width=session.width)
-    vocab, max_tokens = session.model.config.vocab_size, config.sampling.max_tokens
+    vocab, max_tokens = session.model.config.vocab_size, config.max_tokens
     ctrl.join(WORKER, "inference", slots=config.workers.inference_slots)
     ctrl.join("verifier-0", "verifier")
     ctrl.join(trainer.worker_id, "trainer")
