@@ -1,5 +1,6 @@
-"""The study scripts (``scripts/studies``) end to end on a tiny model and budget: each writes its
-figure and Markdown table and prints a last-line JSON with one result per config."""
+"""The study scripts (``scripts/studies``) on a tiny model and budget: the staleness and alignment
+studies end to end (each writes its figure and Markdown table and prints a last-line JSON with
+one result per config), the algorithms study's refusal of an unknown algorithm."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ def study(script: str, out: str, cache_dir: str, *extra: str) -> subprocess.Comp
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "extra", "labels", "own"), [
-    ("algorithms", ["--algorithms", "rloo"], ["rloo"], "gain_points"),
     ("staleness", ["--staleness", "0", "1", "--modes", "deterministic"], ["deterministic-s0", "deterministic-s1"],
      "staleness_mean"),
     ("alignment", ["--dtypes", "float32"], ["float32-none", "float32-tis"], "mismatch_max"),
@@ -53,6 +53,17 @@ def test_study_writes_its_figure_table_and_results(tmp_path, cache_dir, script, 
         assert isinstance(row[own], float)
         assert f"| {label} |" in table
     assert "--steps 2" in table and "workers.mode=threads" in table
+
+
+def test_an_unknown_algorithm_is_refused_before_any_run(tmp_path):
+    """The algorithms study shares the run, plot and table code that the two studies above run
+    end to end; its own part is the choice of configs."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "studies", "algorithms.py"),
+                           "--algorithms", "grpo", "nope", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "nope" in proc.stderr.strip().splitlines()[-1]
+    assert not os.listdir(tmp_path)
 
 
 def test_a_bad_option_is_one_line(tmp_path):
