@@ -41,11 +41,8 @@ def main(argv: list[str]) -> None:
     rows = {label: common.learning(summaries) for label, summaries in results.items()}
     table = [(label, r["start_pass"], r["final_pass"], r["gain_points"], r["steps_per_min"])
              for label, r in rows.items()]
-    table_path = common.write_markdown(
-        args.out, "algorithms", "Algorithms on the arithmetic demo", argv, args, configs,
-        ["algorithm", "start pass", "final pass", "gain (points)", "steps/min"], table, figure_path,
-        notes=[common.TABLE_NOTE])
-    common.finish(figure_path, table_path, rows)
+    common.publish(args, "algorithms", "Algorithms on the arithmetic demo", argv, configs,
+                   ["algorithm", "start pass", "final pass", "gain (points)", "steps/min"], table, figure_path, rows)
 
 
 if __name__ == "__main__":

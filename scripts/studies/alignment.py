@@ -66,16 +66,14 @@ def main(argv: list[str]) -> None:
         }
     table = [(label, r["mismatch_max"], r["mismatch_mean"], r["tis_weight_mean"], r["start_pass"], r["final_pass"],
               r["gain_points"], r["steps_per_min"]) for label, r in rows.items()]
-    table_path = common.write_markdown(
-        args.out, "alignment", "Inference/trainer log-prob mismatch and truncated importance sampling", argv, args,
-        configs, ["config", "max mismatch", "mean mismatch", "mean TIS weight", "start pass", "final pass",
-                  "gain (points)", "steps/min"], table, figure_path,
-        notes=[common.TABLE_NOTE, "",
-               "Max mismatch: the largest `logprob_mismatch_max` of any step; mean mismatch: the mean over steps "
+    common.publish(
+        args, "alignment", "Inference/trainer log-prob mismatch and truncated importance sampling", argv, configs,
+        ["config", "max mismatch", "mean mismatch", "mean TIS weight", "start pass", "final pass", "gain (points)",
+         "steps/min"], table, figure_path, rows,
+        notes=["Max mismatch: the largest `logprob_mismatch_max` of any step; mean mismatch: the mean over steps "
                "of `logprob_mismatch_mean` (nats, over response tokens). Mean TIS weight: the mean over steps of "
                "`tis_weight_mean`, the mean over tokens of π_old/π_behaviour (capped at tis_cap in the corrected runs, "
                "where it weights the loss; uncapped and unused in the others)."])
-    common.finish(figure_path, table_path, rows)
 
 
 if __name__ == "__main__":

@@ -235,11 +235,21 @@ def _cell(value) -> str:
     return str(value)
 
 
-def write_markdown(out: str, name: str, title: str, argv: Sequence[str], args: argparse.Namespace,
-                   configs: Sequence[Study], columns: Sequence[str], rows: Sequence[Sequence], figure_path: str,
-                   notes: Sequence[str] = ()) -> str:
+def publish(args: argparse.Namespace, name: str, title: str, argv: Sequence[str], configs: Sequence[Study],
+            columns: Sequence[str], rows: Sequence[Sequence], figure_path: str, results: dict[str, dict],
+            notes: Sequence[str] = ()) -> None:
+    """Write the study's Markdown record (``_write_markdown``, with ``TABLE_NOTE`` and ``notes``
+    above the table), then print the last-line JSON (``finish``)."""
+    paragraphs = [TABLE_NOTE, *(line for note in notes for line in ("", note))]
+    table_path = _write_markdown(args.out, name, title, argv, args, configs, columns, rows, figure_path, paragraphs)
+    finish(figure_path, table_path, results)
+
+
+def _write_markdown(out: str, name: str, title: str, argv: Sequence[str], args: argparse.Namespace,
+                    configs: Sequence[Study], columns: Sequence[str], rows: Sequence[Sequence], figure_path: str,
+                    notes: Sequence[str]) -> str:
     """``out/name.md``: the command, what every run shared, each config's overrides, the machine,
-    the table and the figure; return the path."""
+    the notes, the table and the figure; return the path."""
     lines = [
         f"# {title}", "",
         "Command:", "", "```", "python " + shlex.join([os.path.relpath(argv[0], ROOT), *argv[1:]]), "```", "",
@@ -251,7 +261,7 @@ def write_markdown(out: str, name: str, title: str, argv: Sequence[str], args: a
         "",
         f"Machine: {os.cpu_count()} cores, {platform.machine()}, {platform.system()}, Python "
         f"{platform.python_version()}; code at {_commit()}. Runs ran one after another.", "",
-        *notes, *([""] if notes else []),
+        *notes, "",
         "| " + " | ".join(columns) + " |",
         "|" + "|".join("---" for _ in columns) + "|",
         *["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows],
@@ -283,4 +293,4 @@ def finish(figure_path: str, table_path: str, results: dict[str, dict]) -> None:
 
 
 __all__ = ["DEFAULT_OUT", "ROOT", "TABLE_NOTE", "Study", "check_args", "eval_curve", "figure", "finish", "learning", "mean",
-           "metric", "metric_curve", "parser", "plot_pass_rate", "run_study", "save", "write_markdown"]
+           "metric", "metric_curve", "parser", "plot_pass_rate", "publish", "run_study", "save"]

@@ -53,15 +53,13 @@ def main(argv: list[str]) -> None:
         }
     table = [(label, r["steps_per_min"], r["start_pass"], r["final_pass"], r["gain_points"], r["staleness_mean"],
               r["staleness_max"]) for label, r in rows.items()]
-    table_path = common.write_markdown(
-        args.out, "staleness", "Staleness bound and scheduling mode", argv, args, configs,
+    common.publish(
+        args, "staleness", "Staleness bound and scheduling mode", argv, configs,
         ["config", "steps/min", "start pass", "final pass", "gain (points)", "mean staleness", "max staleness"],
-        table, figure_path,
-        notes=[common.TABLE_NOTE, "",
-               "Mean staleness: the mean over steps of each step's `staleness_mean` (the version the step starts "
+        table, figure_path, rows,
+        notes=["Mean staleness: the mean over steps of each step's `staleness_mean` (the version the step starts "
                "from minus the version that sampled each rollout of its batch, averaged over the batch); max "
                "staleness: the largest `staleness_max` of any step."])
-    common.finish(figure_path, table_path, rows)
 
 
 if __name__ == "__main__":
