@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import math
 import os
 import struct
 from collections.abc import Iterable, Sequence
@@ -80,6 +81,11 @@ class LeafRecord:
     dtype: str
     shape: tuple[int, ...]
     sha256: str
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the leaf's elements."""
+        return numpy_dtype(self.dtype).itemsize * math.prod(self.shape)
 
     def encode(self) -> bytes:
         """The leaf's record bytes (see the module docstring)."""

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.params.digest import LeafRecord, combine, numpy_dtype
+from runtime.params.digest import LeafRecord, combine
 from runtime.params.errors import ParamStoreError
 from runtime.params.tree import Structure
 
@@ -85,7 +84,7 @@ def pack_offsets(records: Sequence[LeafRecord]) -> tuple[list[int], int]:
     for record in records:
         start = -(-end // PACK_ALIGN) * PACK_ALIGN
         offsets.append(start)
-        end = start + numpy_dtype(record.dtype).itemsize * math.prod(record.shape)
+        end = start + record.nbytes
     return offsets, end
 
 

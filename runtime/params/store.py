@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -98,9 +97,8 @@ def _unpack(buffer: np.ndarray, tree: TreeManifest) -> dict[str, np.ndarray]:
         raise ValueError(f"the packed leaves are {buffer.dtype}{list(buffer.shape)}, not uint8[{size}]")
     out = {}
     for record, offset in zip(records, offsets, strict=True):
-        dtype = numpy_dtype(record.dtype)
-        count = dtype.itemsize * math.prod(record.shape)
-        out[record.path] = buffer[offset : offset + count].view(dtype).reshape(record.shape)
+        data = buffer[offset : offset + record.nbytes]
+        out[record.path] = data.view(numpy_dtype(record.dtype)).reshape(record.shape)
     return out
 
 
@@ -118,7 +116,7 @@ class ParamStore:
     @classmethod
     def open(
         cls, url: str, *, create: bool = False, context: ts.Context | None = None,
-        pack_below: int | None = None,
+        pack_below: int = PACKED_LEAF_BYTES,
     ) -> ParamStore:
         """Open the store at ``url`` (``file://``, ``memory://`` or a local path).
 
@@ -127,7 +125,7 @@ class ParamStore:
             create: create a missing local directory instead of failing.
             context: TensorStore context; the process-wide one by default.
             pack_below: leaves of fewer bytes that this store's ``put`` packs into one array
-                per tree (None: ``PACKED_LEAF_BYTES``; 0: none). Readers read either layout.
+                per tree (0: none). Readers read either layout.
 
         Unpublished data of a crashed ``put`` is ignored; the single writer removes it with
         ``sweep``.
@@ -145,7 +143,7 @@ class ParamStore:
             os.makedirs(directory, exist_ok=True)
         ctx = context if context is not None else _PROCESS_CONTEXT
         kv = cls._await(ts.KvStore.open(location.kvstore(), context=ctx), f"opening {url}")
-        return cls(location, ctx, kv, PACKED_LEAF_BYTES if pack_below is None else pack_below)
+        return cls(location, ctx, kv, pack_below)
 
     @property
     def url(self) -> str:

@@ -23,6 +23,7 @@ from runtime.params import (
 )
 from runtime.params import manifest as layout
 from runtime.params.digest import numpy_dtype
+from runtime.params.store import PACKED_LEAF_BYTES
 from runtime.trainer.step import standard_promotion
 
 
@@ -66,7 +67,7 @@ class StoreContract:
     def store(self, url, request) -> ParamStore:
         """Both layouts: small leaves packed into one array per tree (the default), and one
         array per leaf (``pack_below=0``, as a large model's big leaves are stored)."""
-        return ParamStore.open(url, create=True, pack_below=None if request.param == "packed" else 0)
+        return ParamStore.open(url, create=True, pack_below=PACKED_LEAF_BYTES if request.param == "packed" else 0)
 
     def test_params_round_trip_bit_exact(self, store):
         params = flax_like_params()
