@@ -97,3 +97,59 @@ def query_blocked_attention(
 
     out_NBCHD = jax.lax.map(one_block, (q_NBCHD, mask_NBCS))
     return jnp.moveaxis(out_NBCHD, 0, 1).reshape(B, N * block, H, D)[:, :T]
+
+
+def shared_prefix_attention(
+    q_BTHD: jax.Array,
+    k_prefix_MPKD: jax.Array,
+    v_prefix_MPKD: jax.Array,
+    k_BTKD: jax.Array,
+    v_BTKD: jax.Array,
+    mask_BTT: jax.Array,
+    *,
+    scale: float,
+) -> jax.Array:
+    """Attention of rows that continue a prefix shared by each group of ``G = B / M`` rows.
+
+    Row ``b`` belongs to group ``b // G``, whose ``P`` prefix keys and values every query of the
+    row sees; among the row's own keys, ``mask_BTT`` says which each query sees. The prefix is
+    stored once per group, ``[M, P, num_kv_heads, head_dim]``, and broadcast over the group's rows
+    inside the score and output contractions, so its gradient sums over them with no copy. One
+    softmax runs over the prefix and the row's keys together, with ``dense_attention``'s
+    arithmetic (float32 scores, unnormalised weights, one division at the end).
+    """
+    B, T, H, D = q_BTHD.shape
+    M, P, K, _ = k_prefix_MPKD.shape
+    if B % M or H % K or k_BTKD.shape[2] != K or k_BTKD.shape[-1] != D:
+        raise ValueError(
+            f"queries {q_BTHD.shape}, prefix keys {k_prefix_MPKD.shape} and keys {k_BTKD.shape} do "
+            "not fit: rows must be whole groups of the prefix's rows and the heads must match"
+        )
+    G, Hk = B // M, H // K
+    q_MGTKHD = q_BTHD.reshape(M, G, T, K, Hk, D)
+    s = jnp.float32(scale)
+    prefix_MGKHTP = jnp.einsum(
+        "mgtkhd,mpkd->mgkhtp", q_MGTKHD, k_prefix_MPKD, preferred_element_type=jnp.float32
+    ) * s
+    own_MGKHTS = jnp.einsum(
+        "mgtkhd,mgskd->mgkhts", q_MGTKHD, k_BTKD.reshape(M, G, T, K, D),
+        preferred_element_type=jnp.float32,
+    ) * s
+    mask_MG11TS = mask_BTT.reshape(M, G, 1, 1, T, T)
+    own_MGKHTS = jnp.where(mask_MG11TS, own_MGKHTS, -jnp.inf)
+    # Every query sees at least the prefix (P >= 1), so each maximum is finite.
+    max_MGKHT1 = jnp.maximum(
+        jnp.max(prefix_MGKHTP, axis=-1, keepdims=True), jnp.max(own_MGKHTS, axis=-1, keepdims=True)
+    )
+    w_prefix = jnp.exp(prefix_MGKHTP - max_MGKHT1)
+    w_own = jnp.where(mask_MG11TS, jnp.exp(own_MGKHTS - max_MGKHT1), 0.0)
+    denom_MGKHT1 = jnp.sum(w_prefix, axis=-1, keepdims=True) + jnp.sum(w_own, axis=-1, keepdims=True)
+    out_MGKHTD = jnp.einsum(
+        "mgkhtp,mpkd->mgkhtd", w_prefix, v_prefix_MPKD.astype(jnp.float32),
+        preferred_element_type=jnp.float32,
+    ) + jnp.einsum(
+        "mgkhts,mgskd->mgkhtd", w_own, v_BTKD.reshape(M, G, T, K, D).astype(jnp.float32),
+        preferred_element_type=jnp.float32,
+    )
+    out_MGKHTD = out_MGKHTD / denom_MGKHT1
+    return jnp.moveaxis(out_MGKHTD, 4, 2).reshape(B, T, H, D).astype(q_BTHD.dtype)

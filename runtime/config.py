@@ -335,8 +335,12 @@ class TrainerConfig(Section):
     step bounds its memory (``runtime.trainer.step``): ``micro_batch_size`` rows per gradient
     micro-batch (0: the whole batch at once; else a divisor of the batch size), log-probs
     ``logits_chunk`` positions at a time (0: all at once, a ``[rows, width, vocab]`` float32
-    array), and ``remat``: recompute each decoder layer in the backward pass. The defaults give
-    the plain step's bits; other settings change the last bits, never the loss or the gradient."""
+    array), and ``remat``: recompute each decoder layer in the backward pass. These change the
+    last bits, never the loss or the gradient. ``shared_prefix``: the whole-batch step computes
+    the prompt that a group's rows share once per group (``runtime.trainer.batch.shared_prefix``),
+    less than half the work on short completions, the same values up to float32 rounding; unset,
+    a new run resolves it to true unless a memory bound is set, and a run logged before it
+    existed reads as false (every row in full)."""
 
     NAME = "trainer"
     learning_rate: float = 2e-4
@@ -346,8 +350,18 @@ class TrainerConfig(Section):
     micro_batch_size: int = 0
     logits_chunk: int = 0
     remat: bool = False
+    shared_prefix: bool | None = None
+
+    @property
+    def bounded(self) -> bool:
+        """Whether a memory bound (micro-batches, logits chunks, remat) is set."""
+        return self.micro_batch_size > 0 or self.logits_chunk > 0 or self.remat
 
     def check(self) -> None:
+        if self.shared_prefix and self.bounded:
+            raise _fail("trainer.shared_prefix", self.shared_prefix,
+                        "it works on the whole-batch step only: false, or unset with micro_batch_size, "
+                        "logits_chunk or remat")
         if self.learning_rate <= 0.0:
             raise _fail("trainer.learning_rate", self.learning_rate, "it must be > 0")
         self._at_least("weight_decay", 0.0)
@@ -592,7 +606,7 @@ class Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
         ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` and
         ``data.chat_template_digest`` when given, ``params.keep_newest`` at least
-        ``max_staleness + 1``, and ``eval.k`` and ``eval.samples``."""
+        ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, and ``trainer.shared_prefix``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
@@ -609,8 +623,12 @@ class Config:
         if samples < k:
             raise _fail("eval.samples", samples, f"it must be >= eval.k ({k}; by default sampling.group_size): "
                                                  "pass@k needs k samples")
+        trainer = self.trainer
+        if trainer.shared_prefix is None:
+            trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded)
         return dataclasses.replace(
             self,
+            trainer=trainer,
             scheduling=dataclasses.replace(s, filter_groups=filter_groups, max_groups_per_batch=cap),
             data=data,
             params=params,

@@ -293,6 +293,7 @@ def step_config(config: Config, model):
         learning_rate=t.learning_rate, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, temperature=config.sampling.temperature,
         micro_batch_size=t.micro_batch_size, logits_chunk=t.logits_chunk, remat=t.remat,
+        group_size=config.sampling.group_size, share_prefix=bool(t.shared_prefix),
     )
 
 

@@ -226,8 +226,8 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     # Pack every batch once, outside the timings: both loops consume the same arrays.
     packed = []
     for t in tasks:
-        _, arrays, current, logp_old, logp_ref = trainer.prepare(t)
-        packed.append((arrays, current, logp_old, logp_ref))
+        _, arrays, current, logp_old, logp_ref, batch_config = trainer.prepare(t)
+        packed.append((arrays, current, logp_old, logp_ref, batch_config))
 
     mc = session.model.config
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(config.trainer.learning_rate))
@@ -266,8 +266,8 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     def ours():
         p = jax.tree.map(jnp.array, params0)
         s = make_optimizer(step_config).init(p)
-        for arrays, current, logp_old, logp_ref in packed:
-            p, s, m = train_step(p, s, arrays, logp_old, logp_ref, current, config=step_config)
+        for arrays, current, logp_old, logp_ref, batch_config in packed:
+            p, s, m = train_step(p, s, arrays, logp_old, logp_ref, current, config=batch_config)
         jax.block_until_ready(p)
 
     def bare():

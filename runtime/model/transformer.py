@@ -28,7 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.attention import causal_mask, dense_attention, query_blocked_attention
+from kernels.attention import (
+    causal_mask,
+    dense_attention,
+    query_blocked_attention,
+    shared_prefix_attention,
+)
 from kernels.kv_pages import write_pages
 from kernels.paged_attention import paged_attention
 from runtime.model.config import ModelConfig
@@ -178,6 +183,56 @@ def forward(
     positions_BT, attends = _dense_inputs(config, tokens_BT, attention_mask_BT)
     logits_BTV, _ = _apply(config, params, tokens_BT, positions_BT, attends)
     return logits_BTV
+
+
+@functools.partial(jax.jit, static_argnames=("config", "group_size", "prefix"))
+def shared_prefix_forward(
+    params: dict,
+    tokens_BT: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+    group_size: int,
+    prefix: int,
+) -> jax.Array:
+    """``forward``'s logits for rows whose first ``prefix`` tokens are the same in each group of
+    ``group_size`` consecutive rows (a prompt and its sampled completions), computing that prefix
+    once per group.
+
+    The prefix positions run for the first row of each group only; the rest of each row attends
+    to its group's prefix keys and values (``kernels.attention.shared_prefix_attention``) and to
+    its own tokens as ``forward``'s row would. Every prefix token must be real (not padding): the
+    caller passes at most the shortest prompt. The logits at prefix positions are the group's,
+    repeated over its rows. A row's logits equal ``forward``'s up to float32 rounding; the work is
+    ``M·prefix + B·(T - prefix)`` positions instead of ``B·T``.
+    """
+    B, T = tokens_BT.shape
+    if not 0 < prefix < T or B % group_size:
+        raise ValueError(f"a prefix of {prefix} tokens and groups of {group_size} rows do not fit a "
+                         f"batch of shape {tokens_BT.shape}")
+    positions_BT, mask_BTS = _positions_and_mask(tokens_BT.shape, attention_mask_BT)
+    heads = [None] * config.num_layers  # each layer's prefix keys and values, [M, P, K, D]
+
+    def prefix_attend(i):
+        def attend(q, k, v):
+            heads[i] = (k, v)
+            return dense_attention(q, k, v, causal_mask(jnp.ones(q.shape[:2], bool)),
+                                   scale=config.attention_scale), None
+        return attend
+
+    def rest_attend(i):
+        def attend(q, k, v):
+            k_prefix, v_prefix = heads[i]
+            return shared_prefix_attention(q, k_prefix, v_prefix, k, v, mask_BTS[:, prefix:, prefix:],
+                                           scale=config.attention_scale), None
+        return attend
+
+    first_MP = tokens_BT[::group_size, :prefix]
+    prefix_logits, _ = _apply(config, params, first_MP, positions_BT[::group_size, :prefix],
+                              [prefix_attend(i) for i in range(config.num_layers)])
+    rest_logits, _ = _apply(config, params, tokens_BT[:, prefix:], positions_BT[:, prefix:],
+                            [rest_attend(i) for i in range(config.num_layers)])
+    return jnp.concatenate([jnp.repeat(prefix_logits, group_size, axis=0), rest_logits], axis=1)
 
 
 # Queries per attention block in a rematerialised layer (``kernels.attention``'s

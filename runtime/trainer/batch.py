@@ -68,6 +68,25 @@ class TrainBatch:
         return h.hexdigest()
 
 
+# Above this many tokens a shared prefix is rounded down to a power of two, so that a run whose
+# prompts vary compiles its step for a handful of prefix lengths, not one per shortest prompt.
+EXACT_PREFIX_TOKENS = 16
+
+
+def shared_prefix(samples: Sequence[Sample], group_size: int) -> int:
+    """How many leading tokens every row of each group shares, for a step that computes them once
+    per group: the batch's shortest prompt, rounded down to a power of two past
+    ``EXACT_PREFIX_TOKENS``; 0 where a group's rows do not start with the same prompt."""
+    for start in range(0, len(samples), group_size):
+        first = samples[start].prompt
+        if any(not np.array_equal(s.prompt, first) for s in samples[start + 1 : start + group_size]):
+            return 0
+    shortest = min(len(s.prompt) for s in samples)
+    if shortest <= EXACT_PREFIX_TOKENS:
+        return shortest
+    return 1 << (shortest.bit_length() - 1)
+
+
 def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int) -> TrainBatch:
     """Pack ``samples`` (whole groups, in order) into a ``TrainBatch`` of width ``width``."""
     if not samples or len(samples) % group_size:

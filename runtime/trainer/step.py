@@ -34,6 +34,13 @@ logits ``[B, T, V]``. Three settings bound its memory, each independent of the o
   whole batch's up to float rounding; the same configuration always gives the same bits. It
   costs one more forward pass.
 
+Shared prompts. The ``G`` rows of a group start with the same prompt, so the whole-batch forward
+(without micro-batches, chunks or remat) can compute the first ``prefix`` positions once per group
+and the rest of every row against the group's keys and values: for the demo's 9-token prompts
+and 5-token completions that is ``32·9 + 256·5`` positions instead of ``256·14``, forward and
+backward. The log-probs are the full forward's up to float32 rounding; which path a step took is
+part of its config, so a replay takes it again.
+
 ``model.dtype = "bfloat16"`` (with float32 ``param_dtype``) computes in bfloat16 from float32
 master weights: flax casts each weight to bfloat16 where it is used, so gradients and the
 optimizer state stay float32; norms, attention softmax, logits and log-probs are float32.
@@ -57,7 +64,7 @@ from kernels.objectives import policy_loss, preference_loss
 from kernels.reward_shaping import overlong_penalty
 from runtime.errors import UsageError
 from runtime.model import ModelConfig, forward
-from runtime.model.transformer import hidden_states
+from runtime.model.transformer import hidden_states, shared_prefix_forward
 from runtime.trainer.accumulate import accumulate, blocked_head_logits, head_weight
 from runtime.trainer.batch import TrainBatch
 
@@ -66,7 +73,13 @@ sg = jax.lax.stop_gradient
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
-    """Everything static about a train step (hashable: a static argument of ``jit``)."""
+    """Everything static about a train step (hashable: a static argument of ``jit``).
+
+    ``group_size`` rows in a row share their prompt; with ``share_prefix`` the trainer sets
+    ``prefix`` per batch to the tokens they all share, and the whole-batch forward computes those
+    once per group (``runtime.model.transformer.shared_prefix_forward``); ``prefix = 0``
+    computes every row in full.
+    """
 
     model: ModelConfig
     objective: Objective
@@ -81,6 +94,9 @@ class StepConfig:
     micro_batch_size: int = 0
     logits_chunk: int = 0
     remat: bool = False
+    group_size: int = 1
+    share_prefix: bool = False
+    prefix: int = 0
 
     def micro_batches(self, rows: int) -> int:
         """How many micro-batches a batch of ``rows`` rows is split into (1: none)."""
@@ -254,7 +270,11 @@ def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
         return _chunked_logprobs(
             params, tokens_BT, attention_BT, dataclasses.replace(config, logits_chunk=C)
         )
-    logits_BTV = forward(params, tokens_BT, attention_BT, config=config.model)
+    if config.prefix > 0:
+        logits_BTV = shared_prefix_forward(params, tokens_BT, attention_BT, config=config.model,
+                                           group_size=config.group_size, prefix=config.prefix)
+    else:
+        logits_BTV = forward(params, tokens_BT, attention_BT, config=config.model)
     return token_logprobs_and_entropy(logits_BTV[:, :-1], tokens_BT[:, 1:], config.temperature)
 
 

@@ -8,6 +8,8 @@ runs the pure ``train_step``, puts version ``s`` and answers with ``TrainStepCom
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +21,7 @@ from runtime.failpoints import failpoint
 from runtime.model import Model
 from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
-from runtime.trainer.batch import Sample, pack
+from runtime.trainer.batch import Sample, pack, shared_prefix
 from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
 
 
@@ -53,6 +55,13 @@ class StepTrainer:
 
     # -- steps -----------------------------------------------------------------------------------
 
+    def step_config(self, samples: list[Sample]) -> StepConfig:
+        """The step config for a batch of ``samples``: with ``share_prefix``, the prefix its
+        groups share (``runtime.trainer.batch.shared_prefix``) is computed once per group."""
+        if not self.config.share_prefix:
+            return self.config
+        return dataclasses.replace(self.config, prefix=shared_prefix(samples, self.group_size))
+
     def _parent(self, version: int, digest: str) -> tuple[dict, object]:
         if self._state is not None and self._state[:2] == (version, digest):
             return self._state[2], self._state[3]
@@ -74,9 +83,9 @@ class StepTrainer:
         return self._versions[version]
 
     def prepare(self, task: TrainTask):
-        """The step's inputs: ``(batch, device_batch, current_B, logp_old_BS, logp_ref_BS)`` — the
-        packed batch on the host and on the device, the on-policy rows, recomputed old and
-        reference log-probs."""
+        """The step's inputs: ``(batch, device_batch, current_B, logp_old_BS, logp_ref_BS, config)``
+        — the packed batch on the host and on the device, the on-policy rows, recomputed old and
+        reference log-probs, and the step config for this batch (its shared prefix)."""
         samples = []
         for r in task.rollouts:
             problem = self.task.problem("train", r.request.prompt_index)
@@ -88,6 +97,7 @@ class StepTrainer:
                 policy_version=int(r.completion.policy_version),
             ))
         batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id)
+        config = self.step_config(samples)
         device_batch = jax.device_put(batch)
         current = batch.versions_B == task.parent_version
         logp_old = np.zeros(batch.mask_BS.shape, np.float32)
@@ -99,19 +109,19 @@ class StepTrainer:
                     f"step {task.step} needs version {v} for the old log-probs of its rollouts, but the "
                     f"parameter store no longer has it (stored: {list(self.store.versions())})"
                 )
-            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, config=self.config)
+            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, config=config)
             logp_old[rows] = np.asarray(logp_BS)[rows]
         if self.config.needs_reference:
-            logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, config=self.config)
+            logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, config=config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
-        return batch, device_batch, jnp.asarray(current), jnp.asarray(logp_old), logp_ref
+        return batch, device_batch, jnp.asarray(current), jnp.asarray(logp_old), logp_ref, config
 
     def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
         params, opt_state = self._parent(task.parent_version, task.parent_digest)
-        batch, device_batch, current, logp_old, logp_ref = self.prepare(task)
+        batch, device_batch, current, logp_old, logp_ref, config = self.prepare(task)
         new_params, new_opt, metrics = train_step(
-            params, opt_state, device_batch, logp_old, logp_ref, current, config=self.config
+            params, opt_state, device_batch, logp_old, logp_ref, current, config=config
         )
         failpoint("trainer.step")
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
