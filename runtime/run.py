@@ -17,6 +17,7 @@ threads, on how many workers there are, or on how many of them were killed.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -29,7 +30,7 @@ from ledger import open_store
 from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.rundir import RunDir, run_started
-from runtime.session import Session, build_session, build_task, fingerprint
+from runtime.session import Session, build_session, build_task, fingerprint, step_config
 
 
 class _Workers:
@@ -99,6 +100,8 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         session = build_session(config, log=log, built=built)  # validates model, data and task
         config = config.resolved(data_size=session.task.train_size,
                                  chat_template_digest=session.codec.template_digest)
+        # The train step follows the resolved config, which is what RunStarted records.
+        session = dataclasses.replace(session, config=config, step_config=step_config(config, session.model))
         os.makedirs(out, exist_ok=True)
         store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
     except BaseException:
@@ -367,7 +370,8 @@ def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retir
     ]
     verifiers = [TaskVerifier(f"verifier-{i}", session.task, session.codec) for i in range(config.workers.verifiers)]
     trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, session.step_config,
-                          group_size=config.sampling.group_size, width=session.width)
+                          group_size=config.sampling.group_size, width=session.width,
+                          keep_parents=config.scheduling.max_staleness)
     in_hand: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # worker id -> (rollouts, steps)
     joins: dict[str, int] = {}
 

@@ -205,7 +205,7 @@ class _Rerun:
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,
                                    session.step_config, group_size=config.sampling.group_size,
-                                   width=session.width)
+                                   width=session.width, keep_parents=config.scheduling.max_staleness)
         self.sampler = None if not sample else EngineWorker(
             "replay-inference", session.engine, session.task, session.codec,
             lambda v: (self.store.get(v), self.store.digest(v)))

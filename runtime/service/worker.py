@@ -170,7 +170,8 @@ class TrainerRole(Role):
         session = build_session(config, log=log, judge=False)
         self.info = {"fingerprint": fingerprint()}  # the stack this trainer's bits come from
         self.trainer = StepTrainer("", session.model, session.task, session.codec, ParamStore.open(params_url),
-                                   session.step_config, group_size=config.sampling.group_size, width=session.width)
+                                   session.step_config, group_size=config.sampling.group_size, width=session.width,
+                                   keep_parents=config.scheduling.max_staleness)
 
     def work(self, reply, working):
         from runtime.controller.workers import InitTask

@@ -29,7 +29,7 @@ class StepTrainer:
     """Runs ``train_step`` against the parameter store."""
 
     def __init__(self, worker_id: str, model: Model, task: Task, codec: TextCodec, store: ParamStore, config: StepConfig,
-                 *, group_size: int, width: int):
+                 *, group_size: int, width: int, keep_parents: int = 0):
         self.worker_id = worker_id
         self.model = model
         self.task = task
@@ -41,7 +41,10 @@ class StepTrainer:
         # Version 0, the KL / preference reference; a copy, because train steps donate their inputs.
         self._reference = jax.tree.map(jnp.array, model.params)
         self._state: tuple[int, str, dict, object] | None = None  # version, digest, params, opt state
-        self._versions: dict[int, dict] = {}  # small cache of older versions for old log-probs
+        # Older versions for old log-probs, by (version, digest): the parents of the last
+        # ``keep_parents`` steps (copied before the step donates them) and the last one read.
+        self.keep_parents = keep_parents
+        self._versions: dict[tuple[int, str], dict] = {}
         self.last_metrics: dict[str, float] = {}
 
     # -- version 0 -------------------------------------------------------------------------------
@@ -71,16 +74,27 @@ class StepTrainer:
         opt_state = self.store.get_opt_state(version)
         return jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, opt_state)
 
-    def _version_params(self, version: int) -> dict | None:
-        if self._state is not None and self._state[0] == version:
+    def _version_params(self, version: int, digest: str) -> dict | None:
+        if self._state is not None and self._state[:2] == (version, digest):
             return self._state[2]
         if version == 0:
             return self._reference
-        if version not in self._versions:
+        params = self._versions.get((version, digest))
+        if params is None:
             if version not in self.store.versions():
                 return None
-            self._versions = {version: jax.tree.map(jnp.asarray, self.store.get(version))}
-        return self._versions[version]
+            if self.store.digest(version) != digest:
+                raise RuntimeError(f"parameter store version {version} does not match its rollouts' digest")
+            params = jax.tree.map(jnp.asarray, self.store.get(version))
+            self._keep(version, digest, params)
+        return params
+
+    def _keep(self, version: int, digest: str, params: dict) -> None:
+        """Cache ``params`` as ``(version, digest)``, keeping the ``max(keep_parents, 1)``
+        highest versions."""
+        self._versions[(version, digest)] = params
+        for key in sorted(self._versions, reverse=True)[max(self.keep_parents, 1):]:
+            del self._versions[key]
 
     def prepare(self, task: TrainTask):
         """The step's inputs: ``(batch, device_batch, current_B, logp_old_BS, logp_ref_BS, config)``
@@ -101,9 +115,10 @@ class StepTrainer:
         device_batch = jax.device_put(batch)
         current = batch.versions_B == task.parent_version
         logp_old = np.zeros(batch.mask_BS.shape, np.float32)
+        digests = {r.completion.policy_version: r.completion.weights_digest for r in task.rollouts}
         for v in sorted(set(batch.versions_B.tolist()) - {task.parent_version}):
             rows = batch.versions_B == v
-            vp = self._version_params(v)
+            vp = self._version_params(v, digests[v])
             if vp is None:
                 raise RlxError(
                     f"step {task.step} needs version {v} for the old log-probs of its rollouts, but the "
@@ -120,6 +135,8 @@ class StepTrainer:
     def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
         params, opt_state = self._parent(task.parent_version, task.parent_digest)
         batch, device_batch, current, logp_old, logp_ref, config = self.prepare(task)
+        if self.keep_parents > 0:  # the next steps' old log-probs, without reading the store
+            self._keep(task.parent_version, task.parent_digest, jax.tree.map(jnp.array, params))
         new_params, new_opt, metrics = train_step(
             params, opt_state, device_batch, logp_old, logp_ref, current, config=config
         )
@@ -130,7 +147,6 @@ class StepTrainer:
         metrics["staleness_mean"] = float(np.mean(task.step - 1 - batch.versions_B))
         digest = self.store.put(task.step, new_params, new_opt)
         self._state = (task.step, digest, new_params, new_opt)
-        self._versions.pop(task.step, None)
         self.last_metrics = metrics
         return (
             TrainStepCompleted(task.step, batch.digest(), metrics),
