@@ -339,7 +339,8 @@ def _advantages(o: PolicyObjective, rewards_MG, logp_old_BS, logp_ref_BS, mask_B
 
 
 def _preference(o, logp_BS, logp_ref_BS, mask_BS, rewards_MG):
-    """DPO on (best, worst) of each group; KTO with rewards above the group mean desirable."""
+    """DPO on (best, worst) of each group; KTO with rewards above the group mean desirable, below
+    it undesirable, and rows at the mean (all of a group with equal rewards) unlabelled."""
     M, G = rewards_MG.shape
     if isinstance(o, DPOObjective):
         best_M = jnp.argmax(rewards_MG, axis=1) + jnp.arange(M) * G
@@ -352,13 +353,20 @@ def _preference(o, logp_BS, logp_ref_BS, mask_BS, rewards_MG):
         )
         metrics["pairs"] = jnp.sum(has_pair_M).astype(jnp.float32)
         return loss, metrics
-    desirable_B = (rewards_MG > jnp.mean(rewards_MG, axis=1, keepdims=True)).reshape(M * G)
+    mean_MG = jnp.mean(rewards_MG, axis=1, keepdims=True)
+    desirable_B = (rewards_MG > mean_MG).reshape(M * G)
+    # A row at its group's mean, every row of a group whose rewards are all equal among them, is
+    # neither: labelling an all-correct group undesirable would push down every right answer.
+    labelled_B = (rewards_MG != mean_MG).reshape(M * G)
     # Reference point z0: the batch's mean sequence KL to the reference, clipped at 0 (KTO paper).
     seq_kl_B = jnp.sum(jnp.where(mask_BS, sg(logp_BS) - logp_ref_BS, 0.0), axis=1)
     z0 = jnp.maximum(jnp.mean(seq_kl_B), 0.0)
-    return preference_loss(
-        o, logp=logp_BS, logp_ref=logp_ref_BS, mask=mask_BS, desirable=desirable_B, reference_point=z0
+    loss, metrics = preference_loss(
+        o, logp=logp_BS, logp_ref=logp_ref_BS, mask=mask_BS & labelled_B[:, None], desirable=desirable_B,
+        reference_point=z0,
     )
+    metrics["labelled"] = jnp.sum(labelled_B).astype(jnp.float32)
+    return loss, metrics
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("params", "opt_state"))

@@ -230,3 +230,30 @@ def test_the_overlong_buffer_punishes_long_completions_before_the_advantages():
     assert np.all(np.asarray(_advantages(plain, rewards_MG, logp_BS, logp_BS, mask_BS)) == 0.0)
     adv = np.asarray(_advantages(punished, rewards_MG, logp_BS, logp_BS, mask_BS))
     assert adv[0] > 0 > adv[1]  # the short one is better once the long one loses its length reward
+
+
+def test_kto_leaves_rows_at_their_group_mean_unlabelled():
+    """KTO labels a completion desirable above its group's mean reward and undesirable below it.
+    A group whose rewards are all equal (all right, or all wrong) gives no label and no gradient:
+    labelled undesirable, an all-correct group would push down every right answer (the
+    algorithms study's collapse to 0%). The reference differs from the policy, so every labelled
+    row has a gradient."""
+    config = StepConfig(model=MODEL, objective=configure("kto"), learning_rate=0.1, temperature=TEMPERATURE)
+    params = _params()
+    reference = init_params(MODEL, key=jax.random.key(11))
+
+    def step(rewards):
+        samples = [Sample(np.int32(p), np.int32(c), np.float32(-1.0 - 0.1 * np.arange(len(c))), r, 0)
+                   for (p, c, _), r in zip(ROWS, rewards, strict=True)]
+        batch = jax.device_put(pack(samples, group_size=G, width=WIDTH, pad_id=PAD))
+        logp_ref = score(reference, batch.tokens_BT, batch.attention_BT, config=config)
+        p = jax.tree.map(jnp.array, params)
+        new, _, metrics = train_step(p, make_optimizer(config).init(p), batch, jnp.zeros_like(logp_ref), logp_ref,
+                                     jnp.ones(len(ROWS), bool), config=config)
+        moved = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params),
+                                                                 strict=True))
+        return float(metrics["labelled"]), moved
+
+    assert step([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]) == (0.0, 0.0)  # an all-correct and an all-wrong group
+    labelled, moved = step([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    assert labelled == 3.0 and moved > 1e-3
