@@ -26,7 +26,12 @@ from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
 
 
 class StepTrainer:
-    """Runs ``train_step`` against the parameter store."""
+    """Runs ``train_step`` against the parameter store.
+
+    ``keep_parents`` (the run's ``max_staleness``): how many of the versions it trained from it
+    keeps in memory, one copy of the parameters each, for the old log-probs of the rollouts
+    those versions sampled; a version it no longer holds is read back from the store.
+    """
 
     def __init__(self, worker_id: str, model: Model, task: Task, codec: TextCodec, store: ParamStore, config: StepConfig,
                  *, group_size: int, width: int, keep_parents: int = 0):
