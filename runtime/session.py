@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -86,14 +86,19 @@ class EngineShape:
 
     @classmethod
     def for_run(cls, config: Config, width: int) -> EngineShape:
-        """The shape for sequences of ``width`` tokens (prompt and completion) under ``config``."""
+        """The shape for sequences of ``width`` tokens (prompt and completion) under ``config``:
+        one prefill bucket of exactly the longest prompt, so no prompt is padded past it."""
         w = config.workers
         page_size = w.page_size
         longest_prompt = width - config.max_tokens
-        bucket = page_size
-        while bucket < longest_prompt:
-            bucket *= 2
-        return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (bucket,))
+        return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (longest_prompt,))
+
+    @classmethod
+    def recorded(cls, shape: Mapping[str, Any]) -> EngineShape:
+        """The shape an inference worker recorded when it joined (``Engine.batch_shape``)."""
+        page_size = int(shape["page_size"])
+        return cls(int(shape["max_slots"]), page_size, int(shape["max_seq_len"]) // page_size,
+                   tuple(int(b) for b in shape["prefill_buckets"]))
 
     def build(self, model):
         """A new engine of this shape for ``model``."""

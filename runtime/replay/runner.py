@@ -21,6 +21,7 @@ deleted where the run retired them, so the trainer sees what it saw in the run.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -195,12 +196,19 @@ class _Rerun:
 
         from runtime.config import Config
         from runtime.params import ParamStore
-        from runtime.session import build_session
+        from runtime.session import EngineShape, build_session
         from runtime.workers import EngineWorker, StepTrainer
 
         self.plan, self.pstore, self.log = plan, pstore, log
         config = Config.from_dict(plan.run.config)
-        self.session = session = build_session(config, log=log, judge=False, engine=sample)
+        session = build_session(config, log=log, judge=False, engine=False)
+        if sample:
+            # The engine the run's inference workers recorded (the bits of a completion follow
+            # from its shape), or, where they recorded none or several, the config's.
+            shapes = plan.engine_shapes
+            shape = EngineShape.recorded(shapes[0]) if len(shapes) == 1 else session.shape
+            session = dataclasses.replace(session, shape=shape, engine=shape.build(session.model))
+        self.session = session
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,

@@ -63,7 +63,7 @@ def test_a_finished_run_replays_bit_exactly_with_every_rollout_resampled(finishe
     assert report.match, report.first_divergence
     assert warnings == []  # same stack, and the rebuilt engine has the batch shape the run recorded
     shapes = recorded_engine_shapes(events_of(out))
-    assert len(shapes) == 1 and shapes[0]["max_slots"] == 8 and shapes[0]["prefill_buckets"] == [16]
+    assert len(shapes) == 1 and shapes[0]["max_slots"] == 8 and shapes[0]["prefill_buckets"] == [5]  # "<bos>a+b="
     assert report.versions_verified == STEPS + 1  # version 0 and one per step
     assert (report.final_version, report.final_digest) == (STEPS, summary["final_digest"])
     assert report.rollouts_regenerated == summary["rollouts"] == STEPS * 2 * 4
@@ -274,3 +274,23 @@ def test_check_snapshots_proves_each_snapshot_and_names_one_that_is_not_the_fold
     assert "differs from the fold" in first.message
     assert report.final_digest == summary["final_digest"]  # the weights still replay: only the snapshot is wrong
     assert replay_run(bad).match  # without the flag snapshots are not read
+
+
+@pytest.mark.slow
+def test_the_replay_samples_with_the_engine_shape_the_run_recorded(finished, monkeypatch):
+    """A run recorded under another engine rule (here: the prefill bucket a power of two, as
+    before it was the longest prompt) re-samples with the shape its workers recorded."""
+    from runtime.session import EngineShape
+
+    out, summary = finished
+    original = EngineShape.for_run
+
+    def power_of_two_bucket(config, width):
+        return dataclasses.replace(original(config, width), buckets=(16,))
+
+    monkeypatch.setattr(EngineShape, "for_run", power_of_two_bucket)
+    warnings: list[str] = []
+    report = replay_run(out, regenerate=True, warn=warnings.append)
+    assert report.match, report.first_divergence
+    assert warnings == []
+    assert report.rollouts_regenerated == summary["rollouts"]
