@@ -35,6 +35,7 @@ MAX_TOKENS = 1 << 16  # a completion longer than this is a mistake, not a settin
 DETERMINISTIC = "deterministic"
 FRESHEST = "freshest"
 MODES = (DETERMINISTIC, FRESHEST)
+OLD_LOGPROBS = ("recompute", "behaviour")  # trainer.old_logprobs
 
 
 class ConfigError(UsageError):
@@ -340,7 +341,13 @@ class TrainerConfig(Section):
     the prompt that a group's rows share once per group (``runtime.trainer.batch.shared_prefix``),
     less than half the work on short completions, the same values up to float32 rounding; unset,
     a new run resolves it to true unless a memory bound is set, and a run logged before it
-    existed reads as false (every row in full)."""
+    existed reads as false (every row in full). ``old_logprobs``: where the old log-probs
+    ``log π_old`` of rollouts sampled from an earlier version than the one trained come from:
+    ``"recompute"``, a forward pass of that version in the trainer, or ``"behaviour"``, the
+    log-probs the engine sampled them with (no extra pass; the ratio is then to the policy that
+    actually sampled, engine numerics included). Unset, a new run resolves it to ``"behaviour"``
+    for a float32 model, whose engine and trainer agree to float32 rounding, and to
+    ``"recompute"`` otherwise; a run logged before it existed reads as ``"recompute"``."""
 
     NAME = "trainer"
     learning_rate: float = 2e-4
@@ -351,6 +358,7 @@ class TrainerConfig(Section):
     logits_chunk: int = 0
     remat: bool = False
     shared_prefix: bool | None = None
+    old_logprobs: str | None = None
 
     @property
     def bounded(self) -> bool:
@@ -362,6 +370,8 @@ class TrainerConfig(Section):
             raise _fail("trainer.shared_prefix", self.shared_prefix,
                         "it works on the whole-batch step only: false, or unset with micro_batch_size, "
                         "logits_chunk or remat")
+        if self.old_logprobs is not None:
+            self._choice("old_logprobs", OLD_LOGPROBS)
         if self.learning_rate <= 0.0:
             raise _fail("trainer.learning_rate", self.learning_rate, "it must be > 0")
         self._at_least("weight_decay", 0.0)
@@ -472,7 +482,7 @@ class EvalConfig(Section):
     ``VersionEvaluated`` event of the version it evaluated; see ``runtime.evaluation``."""
 
     NAME = "eval"
-    every_steps: int = 50
+    every_steps: int = 100
     size: int = 100
     k: int | None = None
     samples: int | None = None
@@ -606,7 +616,8 @@ class Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
         ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` and
         ``data.chat_template_digest`` when given, ``params.keep_newest`` at least
-        ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, and ``trainer.shared_prefix``."""
+        ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, ``trainer.shared_prefix`` and
+        ``trainer.old_logprobs``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
@@ -626,6 +637,10 @@ class Config:
         trainer = self.trainer
         if trainer.shared_prefix is None:
             trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded)
+        if trainer.old_logprobs is None:
+            trainer = dataclasses.replace(
+                trainer, old_logprobs="behaviour" if self.model.dtype == "float32" else "recompute"
+            )
         return dataclasses.replace(
             self,
             trainer=trainer,

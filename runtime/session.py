@@ -299,6 +299,7 @@ def step_config(config: Config, model):
         max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, temperature=config.sampling.temperature,
         micro_batch_size=t.micro_batch_size, logits_chunk=t.logits_chunk, remat=t.remat,
         group_size=config.sampling.group_size, share_prefix=bool(t.shared_prefix),
+        old_logprobs=t.old_logprobs or "recompute",
     )
 
 

@@ -8,8 +8,11 @@ inputs give the same bits (on the same software stack and core count).
 
 Old log-probs: ``π_old`` is the policy each rollout was sampled from. Rows sampled from the
 version being trained (on-policy, ``current_B``) use the step's own forward pass; older rows use
-``logp_old_BS`` recomputed by :func:`score` with that version's weights. The difference between
-the recomputed old log-probs and the engine's (``behaviour``) is the inference/trainer mismatch.
+``logp_old_BS``: recomputed by :func:`score` with that version's weights
+(``old_logprobs="recompute"``), or the engine's own log-probs (``"behaviour"``), which spares a
+forward pass a step when the engine and the trainer agree to float32 rounding. The difference
+between the trainer's old log-probs and the engine's (``behaviour``) is the inference/trainer
+mismatch.
 
 Memory. By default the step is one forward and backward pass over the whole batch, with float32
 logits ``[B, T, V]``. Three settings bound its memory, each independent of the others:
@@ -78,7 +81,9 @@ class StepConfig:
     ``group_size`` rows in a row share their prompt; with ``share_prefix`` the trainer sets
     ``prefix`` per batch to the tokens they all share, and the whole-batch forward computes those
     once per group (``runtime.model.transformer.shared_prefix_forward``); ``prefix = 0``
-    computes every row in full.
+    computes every row in full. ``old_logprobs``: ``"recompute"`` (the trainer scores rows sampled
+    from an older version with that version's weights) or ``"behaviour"`` (their old log-probs
+    are the engine's; the log-prob mismatch metrics then cover the on-policy rows only).
     """
 
     model: ModelConfig
@@ -97,6 +102,7 @@ class StepConfig:
     group_size: int = 1
     share_prefix: bool = False
     prefix: int = 0
+    old_logprobs: str = "recompute"
 
     def micro_batches(self, rows: int) -> int:
         """How many micro-batches a batch of ``rows`` rows is split into (1: none)."""
@@ -403,13 +409,16 @@ def train_step(
         else:
             loss, metrics = _preference(o, logp_BS, logp_ref_BS, mask_BS, batch.rewards_MG)
         delta_BS = jnp.abs(old_BS - behaviour_BS)
+        # Rows whose old log-probs the trainer computed; with "behaviour", older rows' are the
+        # engine's own, so only on-policy rows measure the mismatch.
+        measured_BS = mask_BS if config.old_logprobs == "recompute" else mask_BS & current_B[:, None]
         metrics = dict(metrics)
         metrics.update(
             entropy=masked_mean(sg(entropy_BS), mask_BS),
             kl_ref=masked_mean(token_kl(sg(logp_BS), logp_ref_BS, "k3", mask_BT=mask_BS), mask_BS)
             if config.needs_reference else jnp.zeros((), jnp.float32),
-            logprob_mismatch_max=jnp.max(jnp.where(mask_BS, delta_BS, 0.0)),
-            logprob_mismatch_mean=masked_mean(delta_BS, mask_BS),
+            logprob_mismatch_max=jnp.max(jnp.where(measured_BS, delta_BS, 0.0)),
+            logprob_mismatch_mean=masked_mean(delta_BS, measured_BS),
         )
         return loss, metrics
 

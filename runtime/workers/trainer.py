@@ -123,6 +123,9 @@ class StepTrainer:
         digests = {r.completion.policy_version: r.completion.weights_digest for r in task.rollouts}
         for v in sorted(set(batch.versions_B.tolist()) - {task.parent_version}):
             rows = batch.versions_B == v
+            if config.old_logprobs == "behaviour":  # the log-probs the engine sampled them with
+                logp_old[rows] = batch.behaviour_BS[rows]
+                continue
             vp = self._version_params(v, digests[v])
             if vp is None:
                 raise RlxError(
@@ -140,7 +143,8 @@ class StepTrainer:
     def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
         params, opt_state = self._parent(task.parent_version, task.parent_digest)
         batch, device_batch, current, logp_old, logp_ref, config = self.prepare(task)
-        if self.keep_parents > 0:  # the next steps' old log-probs, without reading the store
+        if self.keep_parents > 0 and config.old_logprobs == "recompute":
+            # the next steps' old log-probs, without reading the store
             self._keep(task.parent_version, task.parent_digest, jax.tree.map(jnp.array, params))
         new_params, new_opt, metrics = train_step(
             params, opt_state, device_batch, logp_old, logp_ref, current, config=config

@@ -8,6 +8,8 @@ with the same seeds, step budget and overrides. The figure draws each step's
 ``logprob_mismatch_max`` and ``logprob_mismatch_mean`` (``|log π_old − log π_behaviour|`` over the
 batch's response tokens: the trainer's recomputed log-prob against the inference engine's) on a
 log scale, and the held-out greedy pass rate of the periodic evaluations against the step.
+Every config recomputes the old log-probs (``trainer.old_logprobs=recompute``): a float32 run
+would otherwise take the engine's for older rollouts, whose mismatch is 0 by construction.
 
 Usage (the results in scripts/studies/results/):
     python scripts/studies/alignment.py [--steps 300] [--seeds 0] [--dtypes float32 bfloat16]
@@ -36,7 +38,8 @@ def main(argv: list[str]) -> None:
     if not args.tis_cap > 0.0:
         p.error(f"--tis-cap {args.tis_cap}: it must be > 0")
     configs = [common.Study(f"{dtype}-{'tis' if tis else 'none'}",
-                            (f"model.dtype={dtype}", *([f"algorithm.options={{tis_cap={args.tis_cap}}}"] if tis else [])))
+                            (f"model.dtype={dtype}", "trainer.old_logprobs=recompute",
+                             *([f"algorithm.options={{tis_cap={args.tis_cap}}}"] if tis else [])))
                for dtype in args.dtypes for tis in (False, True)]
     results = common.run_study(args, "alignment", configs)
 

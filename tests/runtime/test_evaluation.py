@@ -52,7 +52,7 @@ def test_sample_seeds_are_a_function_of_seed_version_problem_and_sample():
 
 def test_eval_config_resolves_k_and_samples_and_refuses_bad_values():
     c = Config.from_dict({"sampling": {"group_size": 6}}).resolved()
-    assert (c.eval.every_steps, c.eval.k, c.eval.samples) == (50, 6, 6)
+    assert (c.eval.every_steps, c.eval.k, c.eval.samples) == (100, 6, 6)
     c = Config.from_dict({"eval": {"k": 2, "samples": 5}}).resolved()
     assert (c.eval.k, c.eval.samples) == (2, 5)
     for table, words in (({"every_steps": -1}, "eval.every_steps"), ({"size": 0}, "eval.size"),

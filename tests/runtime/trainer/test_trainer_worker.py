@@ -1,13 +1,16 @@
-"""The trainer worker re-derives the small run's versions, with and without its parent cache.
+"""The trainer worker re-derives the small run's versions, and its old log-probs' two sources.
 
-With ``keep_parents`` (the run's ``max_staleness``) the parents it trained from serve the next
-steps' old log-probs, so it reads no version from the parameter store; without, it reads each
-one back. Both give the digests the run logged, step by step, on a fresh store.
+The small run takes its old log-probs from the engine (``trainer.old_logprobs = "behaviour"``, a
+float32 model's default): the worker re-derives every logged digest on a fresh store without
+reading a version back. Recomputing them instead (``"recompute"``) scores older rows with their
+version's weights: with ``keep_parents`` (the run's ``max_staleness``) the parents it trained from
+serve the next steps, so it reads no version from the parameter store; without, it reads each one
+back; both give the same digests, step by step.
 """
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
 from ledger import events as ev
 from ledger import open_store
@@ -28,29 +31,57 @@ class CountingStore(ParamStore):
         return super().get(version, *args, **kwargs)
 
 
-@pytest.mark.parametrize("keep_parents", [1, 0])
-def test_the_trainer_re_derives_every_logged_version(small_run, tmp_path, keep_parents):
+def _logged(small_run):
     out, _, _ = small_run
     with open_store(out) as store:
         events = [s.event for s in store.read("run")]
     config = Config.from_dict(events[0].config)
     assert config.scheduling.max_staleness == 1 and config.trainer.shared_prefix is True
+    return events, config
+
+
+def _derive(events, config, store, keep_parents):
+    """Re-run every logged batch with a fresh worker; the digest of each version, and how many
+    steps needed a version other than their parent and 0 for old log-probs."""
     session = build_session(config, log=lambda m: None, judge=False, engine=False)
     requests = {q.rollout_id: q for e in events if isinstance(e, ev.RolloutRequested) for q in e.samples()}
     done = {e.rollout_id: e for e in events if isinstance(e, ev.RolloutCompleted)}
     outcomes = {e.rollout_id: e for e in events if isinstance(e, ev.OutcomeRecorded)}
-    logged = {e.version: e.digest for e in events if isinstance(e, ev.WeightsPublished)}
-    store = CountingStore.open(str(tmp_path / "params"), create=True)
     trainer = StepTrainer("t", session.model, session.task, session.codec, store, session.step_config,
                           group_size=config.sampling.group_size, width=session.width, keep_parents=keep_parents)
-    CountingStore.reads = 0
-    assert trainer.initialize(None).digest == logged[0]
-    read = 0
+    digests = {0: trainer.initialize(None).digest}
+    older_steps = 0
     for b in (e for e in events if isinstance(e, ev.BatchFormed)):
         rollouts = tuple(TrainRollout(requests[r], done[r], outcomes[r]) for r in b.rollout_ids)
         older = {r.completion.policy_version for r in rollouts} - {b.step - 1}
-        read += bool(older - {0})  # version 0 is the worker's reference copy
-        _, published = trainer.train(TrainTask(b.step, b.step - 1, logged[b.step - 1], b, rollouts))
-        assert published.digest == logged[b.step], f"step {b.step}"
-    assert read >= 1  # some step needed an older version than 0 for its old log-probs
-    assert CountingStore.reads == (0 if keep_parents else read)
+        older_steps += bool(older - {0})  # version 0 is the worker's reference copy
+        _, published = trainer.train(TrainTask(b.step, b.step - 1, digests[b.step - 1], b, rollouts))
+        digests[b.step] = published.digest
+    return digests, older_steps
+
+
+def test_the_trainer_re_derives_every_logged_version_from_the_engines_log_probs(small_run, tmp_path):
+    events, config = _logged(small_run)
+    assert config.trainer.old_logprobs == "behaviour"
+    logged = {e.version: e.digest for e in events if isinstance(e, ev.WeightsPublished)}
+    store = CountingStore.open(str(tmp_path / "params"), create=True)
+    CountingStore.reads = 0
+    digests, older_steps = _derive(events, config, store, keep_parents=1)
+    assert digests == logged
+    assert older_steps >= 1 and CountingStore.reads == 0
+
+
+def test_recomputed_old_log_probs_come_from_the_parent_cache_or_the_store_alike(small_run, tmp_path):
+    events, config = _logged(small_run)
+    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, old_logprobs="recompute"))
+    derived, reads = [], []
+    for keep_parents in (1, 0):
+        store = CountingStore.open(str(tmp_path / f"params{keep_parents}"), create=True)
+        CountingStore.reads = 0
+        digests, older_steps = _derive(events, config, store, keep_parents)
+        derived.append(digests)
+        reads.append((CountingStore.reads, older_steps))
+    assert derived[0] == derived[1]
+    (cached_reads, older_steps), (store_reads, _) = reads
+    assert older_steps >= 1  # some step needed an older version than 0 for its old log-probs
+    assert cached_reads == 0 and store_reads == older_steps
