@@ -36,6 +36,7 @@ DETERMINISTIC = "deterministic"
 FRESHEST = "freshest"
 MODES = (DETERMINISTIC, FRESHEST)
 OLD_LOGPROBS = ("recompute", "behaviour")  # trainer.old_logprobs
+MESH_AXES = ("data", "fsdp", "model")  # trainer.mesh
 
 
 class ConfigError(UsageError):
@@ -331,6 +332,41 @@ class SchedulingConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshShape:
+    """The shape of ``trainer.mesh`` (``runtime.trainer.mesh``): the size of each axis; 1 everywhere
+    is no mesh at all (the step on one device)."""
+
+    data: int = 1
+    fsdp: int = 1
+    model: int = 1
+
+    @classmethod
+    def of(cls, table: Mapping[str, Any] | None) -> MeshShape:
+        """The shape of a ``trainer.mesh`` table; ValueError names a bad axis or size."""
+        table = dict(table or {})
+        unknown = sorted(set(table) - set(MESH_AXES))
+        if unknown:
+            raise ValueError(f"unknown axis {unknown[0]!r}; accepted: {', '.join(MESH_AXES)}")
+        for axis, size in table.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"axis {axis}={size!r}: a size must be an integer >= 1")
+        return cls(**table)
+
+    @property
+    def size(self) -> int:
+        """How many devices the mesh takes."""
+        return self.data * self.fsdp * self.model
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.data, self.fsdp, self.model)
+
+    def describe(self) -> str:
+        return "×".join(f"{axis}={n}" for axis, n in zip(MESH_AXES, self.shape, strict=True) if n > 1) or "one device"
+
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainerConfig(Section):
     """The optimizer of the train step (AdamW with warm-up and global-norm clipping) and how the
     step bounds its memory (``runtime.trainer.step``): ``micro_batch_size`` rows per gradient
@@ -347,7 +383,9 @@ class TrainerConfig(Section):
     log-probs the engine sampled them with (no extra pass; the ratio is then to the policy that
     actually sampled, engine numerics included). Unset, a new run resolves it to ``"behaviour"``
     for a float32 model, whose engine and trainer agree to float32 rounding, and to
-    ``"recompute"`` otherwise; a run logged before it existed reads as ``"recompute"``."""
+    ``"recompute"`` otherwise; a run logged before it existed reads as ``"recompute"``.
+    ``mesh``: ``{data=…, fsdp=…, model=…}`` lays the step out on a device mesh of that shape (axes
+    left out are 1; ``runtime.trainer.mesh``); empty, the step runs on one device."""
 
     NAME = "trainer"
     learning_rate: float = 2e-4
@@ -359,6 +397,7 @@ class TrainerConfig(Section):
     remat: bool = False
     shared_prefix: bool | None = None
     old_logprobs: str | None = None
+    mesh: dict = dataclasses.field(default_factory=dict)
 
     @property
     def bounded(self) -> bool:
@@ -372,6 +411,13 @@ class TrainerConfig(Section):
                         "logits_chunk or remat")
         if self.old_logprobs is not None:
             self._choice("old_logprobs", OLD_LOGPROBS)
+        try:
+            shape = MeshShape.of(self.mesh)
+        except (TypeError, ValueError) as e:
+            raise _fail("trainer.mesh", self.mesh, str(e)) from None
+        if shape.size > 1 and self.bounded:
+            raise _fail("trainer.mesh", self.mesh, "a mesh runs the whole-batch step only: it does not combine "
+                                                   "with micro_batch_size, logits_chunk or remat yet")
         if self.learning_rate <= 0.0:
             raise _fail("trainer.learning_rate", self.learning_rate, "it must be > 0")
         self._at_least("weight_decay", 0.0)

@@ -30,7 +30,7 @@ from ledger import open_store
 from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.rundir import RunDir, run_started
-from runtime.session import Session, build_session, build_task, fingerprint, step_config
+from runtime.session import Session, build_session, build_task, fingerprint, step_config, trainer_mesh
 
 
 class _Workers:
@@ -371,7 +371,7 @@ def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retir
     verifiers = [TaskVerifier(f"verifier-{i}", session.task, session.codec) for i in range(config.workers.verifiers)]
     trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, session.step_config,
                           group_size=config.sampling.group_size, width=session.width,
-                          keep_parents=config.scheduling.max_staleness)
+                          keep_parents=config.scheduling.max_staleness, mesh=trainer_mesh(config))
     in_hand: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # worker id -> (rollouts, steps)
     joins: dict[str, int] = {}
 

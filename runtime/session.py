@@ -49,6 +49,8 @@ def fingerprint() -> dict:
         "cpu": cpu,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "devices": jax.device_count(),
+        "processes": jax.process_count(),
     }
 
 
@@ -301,6 +303,18 @@ def step_config(config: Config, model):
         group_size=config.sampling.group_size, share_prefix=bool(t.shared_prefix),
         old_logprobs=t.old_logprobs or "recompute",
     )
+
+
+def trainer_mesh(config: Config):
+    """The trainer's device mesh for ``trainer.mesh`` (None: one device); a mesh larger than
+    this process's devices is a one-line error."""
+    from runtime.config import MeshShape
+    from runtime.trainer.mesh import make_mesh
+
+    try:
+        return make_mesh(MeshShape.of(config.trainer.mesh))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple[Any, str | None]:

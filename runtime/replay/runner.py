@@ -196,7 +196,7 @@ class _Rerun:
 
         from runtime.config import Config
         from runtime.params import ParamStore
-        from runtime.session import EngineShape, build_session
+        from runtime.session import EngineShape, build_session, trainer_mesh
         from runtime.workers import EngineWorker, StepTrainer
 
         self.plan, self.pstore, self.log = plan, pstore, log
@@ -213,7 +213,8 @@ class _Rerun:
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,
                                    session.step_config, group_size=config.sampling.group_size,
-                                   width=session.width, keep_parents=config.scheduling.max_staleness)
+                                   width=session.width, keep_parents=config.scheduling.max_staleness,
+                                   mesh=trainer_mesh(config))
         self.sampler = None if not sample else EngineWorker(
             "replay-inference", session.engine, session.task, session.codec,
             lambda v: (self.store.get(v), self.store.digest(v)))

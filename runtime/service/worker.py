@@ -164,14 +164,14 @@ class TrainerRole(Role):
 
     def __init__(self, config: Config, params_url: str, log: Log):
         from runtime.params import ParamStore
-        from runtime.session import build_session, fingerprint
+        from runtime.session import build_session, fingerprint, trainer_mesh
         from runtime.workers import StepTrainer
 
         session = build_session(config, log=log, judge=False)
         self.info = {"fingerprint": fingerprint()}  # the stack this trainer's bits come from
         self.trainer = StepTrainer("", session.model, session.task, session.codec, ParamStore.open(params_url),
                                    session.step_config, group_size=config.sampling.group_size, width=session.width,
-                                   keep_parents=config.scheduling.max_staleness)
+                                   keep_parents=config.scheduling.max_staleness, mesh=trainer_mesh(config))
 
     def work(self, reply, working):
         from runtime.controller.workers import InitTask

@@ -22,6 +22,7 @@ from runtime.model import Model
 from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
 from runtime.trainer.batch import Sample, pack, shared_prefix
+from runtime.trainer.mesh import shard_rows, shard_tree
 from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
 
 
@@ -31,10 +32,12 @@ class StepTrainer:
     ``keep_parents`` (the run's ``max_staleness``): how many of the versions it trained from it
     keeps in memory, one copy of the parameters each, for the old log-probs of the rollouts
     those versions sampled; a version it no longer holds is read back from the store.
+    ``mesh`` (``runtime.trainer.mesh``): the device mesh its parameters, optimizer state and
+    batches are laid out on; None, one device.
     """
 
     def __init__(self, worker_id: str, model: Model, task: Task, codec: TextCodec, store: ParamStore, config: StepConfig,
-                 *, group_size: int, width: int, keep_parents: int = 0):
+                 *, group_size: int, width: int, keep_parents: int = 0, mesh=None):
         self.worker_id = worker_id
         self.model = model
         self.task = task
@@ -43,8 +46,9 @@ class StepTrainer:
         self.config = config
         self.group_size = group_size
         self.width = width
+        self.mesh = mesh
         # Version 0, the KL / preference reference; a copy, because train steps donate their inputs.
-        self._reference = jax.tree.map(jnp.array, model.params)
+        self._reference = shard_tree(mesh, jax.tree.map(jnp.array, model.params))
         self._state: tuple[int, str, dict, object] | None = None  # version, digest, params, opt state
         # Older versions for old log-probs, by (version, digest): the parents of the last
         # ``keep_parents`` steps (copied before the step donates them) and the last one read.
@@ -55,7 +59,7 @@ class StepTrainer:
     # -- version 0 -------------------------------------------------------------------------------
 
     def initialize(self, task: InitTask) -> WeightsPublished:
-        params = jax.tree.map(jnp.array, self.model.params)
+        params = shard_tree(self.mesh, jax.tree.map(jnp.array, self.model.params))
         opt_state = make_optimizer(self.config).init(params)
         digest = self.store.put(0, params, opt_state)
         self._state = (0, digest, params, opt_state)
@@ -77,7 +81,8 @@ class StepTrainer:
             raise RuntimeError(f"parameter store version {version} does not match the ledger's digest")
         params = self.store.get(version)
         opt_state = self.store.get_opt_state(version)
-        return jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, opt_state)
+        return shard_tree(self.mesh, jax.tree.map(jnp.asarray, params)), shard_tree(
+            self.mesh, jax.tree.map(jnp.asarray, opt_state))
 
     def _version_params(self, version: int, digest: str) -> dict | None:
         if self._state is not None and self._state[:2] == (version, digest):
@@ -90,7 +95,7 @@ class StepTrainer:
                 return None
             if self.store.digest(version) != digest:
                 raise RuntimeError(f"parameter store version {version} does not match its rollouts' digest")
-            params = jax.tree.map(jnp.asarray, self.store.get(version))
+            params = shard_tree(self.mesh, jax.tree.map(jnp.asarray, self.store.get(version)))
             self._keep(version, digest, params)
         return params
 
@@ -117,7 +122,7 @@ class StepTrainer:
             ))
         batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id)
         config = self.step_config(samples)
-        device_batch = jax.device_put(batch)
+        device_batch = shard_rows(self.mesh, jax.device_put(batch))
         current = batch.versions_B == task.parent_version
         logp_old = np.zeros(batch.mask_BS.shape, np.float32)
         digests = {r.completion.policy_version: r.completion.weights_digest for r in task.rollouts}
@@ -138,7 +143,8 @@ class StepTrainer:
             logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, config=config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
-        return batch, device_batch, jnp.asarray(current), jnp.asarray(logp_old), logp_ref, config
+        current, logp_old, logp_ref = shard_rows(self.mesh, (jnp.asarray(current), jnp.asarray(logp_old), logp_ref))
+        return batch, device_batch, current, logp_old, logp_ref, config
 
     def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
         params, opt_state = self._parent(task.parent_version, task.parent_digest)
@@ -149,6 +155,8 @@ class StepTrainer:
         new_params, new_opt, metrics = train_step(
             params, opt_state, device_batch, logp_old, logp_ref, current, config=config
         )
+        # The compiler picks the step's output layouts; the next step starts from the mesh's.
+        new_params, new_opt = shard_tree(self.mesh, new_params), shard_tree(self.mesh, new_opt)
         failpoint("trainer.step")
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))

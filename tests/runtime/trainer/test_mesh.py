@@ -1,0 +1,157 @@
+"""The train step on a device mesh (``trainer.mesh``), on several CPU devices.
+
+The rules place every parameter and optimizer moment (fsdp splits weights' input dimension,
+model splits heads and intermediate units, vectors are replicated, an axis that does not divide a
+dimension leaves it whole); a sharded step computes the unsharded step's loss and update to
+float32 rounding; a run on a mesh is deterministic for its mesh and replays bit-exactly. A
+process has one CPU device unless ``XLA_FLAGS`` says otherwise, so the multi-device checks run in
+subprocesses with ``--xla_force_host_platform_device_count``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from runtime.config import ConfigError, MeshShape, load_config
+from runtime.errors import UsageError
+from runtime.session import trainer_mesh
+from tests.runtime.small_run import TINY
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def _python(code: str, devices: int, timeout: int = 600) -> dict:
+    """Run ``code`` in a fresh interpreter with ``devices`` CPU devices; its last line as JSON."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_mesh_table_names_its_axes_and_sizes():
+    assert MeshShape.of({}).size == 1 and MeshShape.of(None).describe() == "one device"
+    shape = MeshShape.of({"fsdp": 2, "model": 2})
+    assert (shape.shape, shape.size, shape.describe()) == ((1, 2, 2), 4, "fsdp=2×model=2")
+    assert load_config(None, ["trainer.mesh={fsdp=2}"]).trainer.mesh == {"fsdp": 2}
+    for bad, words in (("{pipeline=2}", "'pipeline'"), ("{fsdp=0}", ">= 1"), ("{fsdp=true}", "integer")):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"trainer.mesh={bad}"])
+        assert "trainer.mesh" in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        load_config(None, ["trainer.mesh={fsdp=2}", "trainer.micro_batch_size=4"])
+
+
+def test_a_mesh_larger_than_the_process_is_a_one_line_error():
+    config = load_config(None, ["trainer.mesh={data=2,fsdp=4}"])
+    with pytest.raises(UsageError) as e:
+        trainer_mesh(config)
+    message = str(e.value)
+    assert "needs 8 devices" in message and "xla_force_host_platform_device_count=8" in message
+    assert "\n" not in message
+    assert trainer_mesh(load_config(None, [])) is None
+
+
+def test_the_rules_place_every_parameter_and_the_sharded_step_matches_the_unsharded_one():
+    got = _python("""
+        import dataclasses, json
+        import jax, jax.numpy as jnp, numpy as np
+        from kernels.algorithms import configure
+        from runtime.config import MeshShape
+        from runtime.model import ModelConfig, init_params
+        from runtime.trainer import Sample, StepConfig, make_optimizer, pack, train_step
+        from runtime.trainer.mesh import make_mesh, shard_rows, shard_tree
+
+        model = ModelConfig(vocab_size=29, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                            intermediate_size=48, initializer_range=0.3)
+        params = init_params(model, key=jax.random.key(0))
+        rng = np.random.default_rng(0)
+        samples = [Sample(np.int32([1, 5 + i // 4, 7]), np.int32(rng.integers(3, 29, 1 + i % 4)),
+                          np.float32(-np.ones(1 + i % 4)), float(i % 3 == 0), 0) for i in range(16)]
+        batch = pack(samples, group_size=4, width=8, pad_id=0)
+        config = StepConfig(model=model, objective=configure("grpo"), group_size=4, share_prefix=True, prefix=3)
+        zeros = jnp.zeros(batch.mask_BS.shape, jnp.float32)
+        current = jnp.ones((16,), bool)
+
+        def spec(x):  # the axis of each dimension (None: whole), padded to the array's rank
+            axes = list(getattr(x.sharding, "spec", ()))
+            return axes + [None] * (x.ndim - len(axes))
+
+        def step(mesh):
+            p = shard_tree(mesh, jax.tree.map(jnp.array, params))
+            o = make_optimizer(config).init(p)
+            b, z, c = shard_rows(mesh, (jax.device_put(batch), zeros, current))
+            placed = {jax.tree_util.keystr(k): spec(v) for k, v in jax.tree_util.tree_leaves_with_path(p)}
+            placed["mu_q"] = spec(o[1][0].mu["layers_0"]["self_attn"]["q_proj"]["kernel"])
+            new, opt, metrics = train_step(p, o, b, z, z, c, config=config)
+            return new, placed, {k: float(v) for k, v in metrics.items()}
+
+        out = {"devices": jax.device_count()}
+        base = step(None)
+        for name, table in (("fsdp", {"fsdp": 4}), ("mixed", {"data": 2, "model": 2})):
+            mesh = make_mesh(MeshShape.of(table))
+            new, specs, metrics = step(mesh)
+            out[name] = {
+                "specs": specs,
+                "loss": [metrics["loss"], base[2]["loss"]],
+                "grad_norm": [metrics["grad_norm"], base[2]["grad_norm"]],
+                "update": max(float(np.max(np.abs(np.float64(a) - np.float64(b))))
+                              for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(base[0]))),
+                "moved": max(float(np.max(np.abs(np.float64(a) - np.float64(b))))
+                             for a, b in zip(jax.tree.leaves(base[0]), jax.tree.leaves(params))),
+                "again": all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(step(mesh)[0]), jax.tree.leaves(new))),
+            }
+        print(json.dumps(out))
+    """, devices=4)
+    assert got["devices"] == 4
+    fsdp = got["fsdp"]["specs"]
+    assert fsdp["['layers_0']['self_attn']['q_proj']['kernel']"] == ['fsdp', None]
+    assert fsdp["['layers_0']['mlp']['down_proj']['kernel']"] == [None, 'fsdp']
+    assert fsdp["['embed_tokens']['embedding']"] == [None, 'fsdp']
+    assert fsdp["['layers_0']['input_layernorm']['scale']"] == [None]
+    assert fsdp["['lm_head']['kernel']"] == ['fsdp', None]  # 29 tokens: not split
+    mixed = got["mixed"]["specs"]
+    assert mixed["['layers_0']['self_attn']['q_proj']['kernel']"] == [None, 'model']
+    assert mixed["['layers_0']['self_attn']['o_proj']['kernel']"] == ['model', None]
+    assert mixed["['layers_0']['mlp']['up_proj']['kernel']"] == [None, 'model']
+    assert fsdp["mu_q"] == ['fsdp', None]  # Adam's moments follow the weights
+    for name in ("fsdp", "mixed"):
+        r = got[name]
+        assert r["loss"][0] == pytest.approx(r["loss"][1], rel=1e-5, abs=1e-6)
+        assert r["grad_norm"][0] == pytest.approx(r["grad_norm"][1], rel=1e-5)
+        assert r["update"] < 1e-3 * r["moved"]  # the same update up to rounding, against a real step
+        assert r["again"]  # the same mesh, the same bits
+
+
+@pytest.mark.slow
+def test_a_run_on_a_mesh_is_deterministic_and_replays_bit_exactly(tmp_path):
+    overrides = [*TINY, "workers.mode=threads", "eval.every_steps=0", "trainer.mesh={fsdp=2}"]
+    got = _python(f"""
+        import json
+        from runtime.cli import main
+        from runtime.replay import replay_run
+        overrides = {overrides!r}
+        digests = []
+        for out in ({str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}):
+            argv = ["run", "--out", out, "--steps", "3", "--no-progress"]
+            for o in overrides:
+                argv += ["--set", o]
+            assert main(argv) == 0
+            digests.append(json.load(open(out + "/summary.json"))["final_digest"])
+        report = replay_run({str(tmp_path / 'a')!r})
+        from ledger import open_store
+        with open_store({str(tmp_path / 'a')!r}) as store:
+            first = next(iter(store.read("run"))).event
+        print(json.dumps({{"digests": digests, "exact": report.match, "versions": report.versions_verified,
+                          "mesh": first.config["trainer"]["mesh"], "devices": first.fingerprint["devices"]}}))
+    """, devices=2)
+    assert got["digests"][0] == got["digests"][1]
+    assert got["exact"] and got["versions"] >= 3
+    assert got["mesh"] == {"fsdp": 2} and got["devices"] == 2
