@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from ledger import open_store
 from runtime.config import ConfigError, MeshShape, load_config
 from runtime.errors import UsageError
 from runtime.session import trainer_mesh
@@ -131,27 +133,38 @@ def test_the_rules_place_every_parameter_and_the_sharded_step_matches_the_unshar
 
 
 @pytest.mark.slow
-def test_a_run_on_a_mesh_is_deterministic_and_replays_bit_exactly(tmp_path):
-    overrides = [*TINY, "workers.mode=threads", "eval.every_steps=0", "trainer.mesh={fsdp=2}"]
-    got = _python(f"""
-        import json
-        from runtime.cli import main
-        from runtime.replay import replay_run
-        overrides = {overrides!r}
-        digests = []
-        for out in ({str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}):
-            argv = ["run", "--out", out, "--steps", "3", "--no-progress"]
-            for o in overrides:
-                argv += ["--set", o]
-            assert main(argv) == 0
-            digests.append(json.load(open(out + "/summary.json"))["final_digest"])
-        report = replay_run({str(tmp_path / 'a')!r})
-        from ledger import open_store
-        with open_store({str(tmp_path / 'a')!r}) as store:
-            first = next(iter(store.read("run"))).event
-        print(json.dumps({{"digests": digests, "exact": report.match, "versions": report.versions_verified,
-                          "mesh": first.config["trainer"]["mesh"], "devices": first.fingerprint["devices"]}}))
-    """, devices=2)
-    assert got["digests"][0] == got["digests"][1]
-    assert got["exact"] and got["versions"] >= 3
-    assert got["mesh"] == {"fsdp": 2} and got["devices"] == 2
+def test_a_run_on_a_mesh_survives_a_kill_and_replays_bit_exactly(tmp_path):
+    """Two CPU devices, ``trainer.mesh={fsdp=2}``: a run killed in its second train step and
+    resumed ends with the uninterrupted run's digest, which replays bit-exactly, and
+    ``RunStarted`` records the mesh and the device count."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def rlx(*argv, failpoint=None):
+        proc = subprocess.run([sys.executable, "-m", "runtime.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+                              env={**env, **({"RLX_FAILPOINTS": failpoint} if failpoint else {})}, timeout=600)
+        return proc
+
+    def start(out, failpoint=None):
+        argv = ["run", "--out", out, "--steps", "4", "--no-progress"]
+        for o in [*TINY, "workers.mode=threads", "eval.every_steps=0", "trainer.mesh={fsdp=2}",
+                  f'pretrain.cache_dir="{tmp_path / "warm"}"']:
+            argv += ["--set", o]
+        return rlx(*argv, failpoint=failpoint)
+
+    ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
+    assert start(ref).returncode == 0
+    proc = start(killed, failpoint="trainer.step@2")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    proc = rlx("resume", killed, "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    digests = [json.load(open(os.path.join(d, "summary.json")))["final_digest"] for d in (ref, killed)]
+    assert digests[0] == digests[1]
+    proc = rlx("replay", ref, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["match"] and report["versions_verified"] == 5 and report["final_digest"] == digests[0]
+    assert not report["fingerprint_differs"]
+    with open_store(ref) as store:
+        first = next(iter(store.read("run"))).event
+    assert first.config["trainer"]["mesh"] == {"fsdp": 2} and first.fingerprint["devices"] == 2
