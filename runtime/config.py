@@ -365,7 +365,6 @@ class MeshShape:
         return "×".join(f"{axis}={n}" for axis, n in zip(MESH_AXES, self.shape, strict=True) if n > 1) or "one device"
 
 
-
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(Section):
     """The optimizer of the train step (AdamW with warm-up and global-norm clipping) and how the

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -82,10 +83,10 @@ def param_spec(mesh: Mesh, path, shape: tuple[int, ...]) -> PartitionSpec:
 
 
 def shard_tree(mesh: Mesh | None, tree):
-    """``tree`` (parameters or optimizer state) placed on ``mesh`` by :func:`param_spec`;
-    as it is without a mesh."""
+    """``tree`` (parameters or optimizer state, host or device arrays) placed on ``mesh`` by
+    :func:`param_spec`, in one transfer; without a mesh, on the default device."""
     if mesh is None:
-        return tree
+        return jax.tree.map(jnp.asarray, tree)
     return jax.tree_util.tree_map_with_path(
         lambda path, x: jax.device_put(x, NamedSharding(mesh, param_spec(mesh, path, np.shape(x)))), tree
     )
@@ -93,9 +94,9 @@ def shard_tree(mesh: Mesh | None, tree):
 
 def shard_rows(mesh: Mesh | None, tree):
     """Every array of ``tree`` whose leading dimension the row axes divide, split by rows over
-    ``data`` and ``fsdp``; the others replicated. As it is without a mesh."""
+    ``data`` and ``fsdp``; the others replicated. Without a mesh, on the default device."""
     if mesh is None:
-        return tree
+        return jax.device_put(tree)
 
     def place(x):
         spec = PartitionSpec(_fits(mesh, x.shape[0], ROWS)) if np.ndim(x) else PartitionSpec()

@@ -81,8 +81,7 @@ class StepTrainer:
             raise RuntimeError(f"parameter store version {version} does not match the ledger's digest")
         params = self.store.get(version)
         opt_state = self.store.get_opt_state(version)
-        return shard_tree(self.mesh, jax.tree.map(jnp.asarray, params)), shard_tree(
-            self.mesh, jax.tree.map(jnp.asarray, opt_state))
+        return shard_tree(self.mesh, params), shard_tree(self.mesh, opt_state)
 
     def _version_params(self, version: int, digest: str) -> dict | None:
         if self._state is not None and self._state[:2] == (version, digest):
@@ -95,7 +94,7 @@ class StepTrainer:
                 return None
             if self.store.digest(version) != digest:
                 raise RuntimeError(f"parameter store version {version} does not match its rollouts' digest")
-            params = shard_tree(self.mesh, jax.tree.map(jnp.asarray, self.store.get(version)))
+            params = shard_tree(self.mesh, self.store.get(version))
             self._keep(version, digest, params)
         return params
 
@@ -122,7 +121,7 @@ class StepTrainer:
             ))
         batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id)
         config = self.step_config(samples)
-        device_batch = shard_rows(self.mesh, jax.device_put(batch))
+        device_batch = shard_rows(self.mesh, batch)
         current = batch.versions_B == task.parent_version
         logp_old = np.zeros(batch.mask_BS.shape, np.float32)
         digests = {r.completion.policy_version: r.completion.weights_digest for r in task.rollouts}
@@ -143,7 +142,7 @@ class StepTrainer:
             logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, config=config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
-        current, logp_old, logp_ref = shard_rows(self.mesh, (jnp.asarray(current), jnp.asarray(logp_old), logp_ref))
+        current, logp_old, logp_ref = shard_rows(self.mesh, (current, logp_old, logp_ref))
         return batch, device_batch, current, logp_old, logp_ref, config
 
     def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
