@@ -146,7 +146,7 @@ class RunConfig(Section):
     NAME = "run"
     name: str = "run"
     seed: int = 0
-    steps: int = 1500
+    steps: int = 1800
 
     def check(self) -> None:
         if not self.name or len(self.name) > 200:

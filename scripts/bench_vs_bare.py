@@ -25,7 +25,7 @@
 Steps 1 and 2 run ``--repeats`` times, alternating which goes first; each figure is the median
 over repeats (the ratio is computed per repeat), with ``*_range`` ``[min, max]`` for the steps/min
 figures and the ratio. The curves are the first repeat's. The full-size default takes about
-14 minutes a repeat (1,500 rlx steps, then the bare loop for as long) on a 2-core machine, with both cores busy.
+14 minutes a repeat (1,800 rlx steps, then the bare loop for as long) on a 2-core machine, with both cores busy.
 
 Usage: python scripts/bench_vs_bare.py [--bare DIR] [--repeats 1] [--steps N] [--profile-steps 100]
        [--bare-minutes M] [--keep DIR] [--set SECTION.FIELD=VALUE]...

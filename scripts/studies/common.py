@@ -51,7 +51,7 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     """The options every study takes; a study adds its own (which configs to run)."""
     p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=300, help="RL steps per run (default 300; the demo runs 1500)")
+    p.add_argument("--steps", type=int, default=300, help="RL steps per run (default 300; the demo runs 1800)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="run seeds (default: 0)")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for the figure and the Markdown table")
     p.add_argument("--mode", default="threads", help="workers.mode of every run (default threads)")
