@@ -426,6 +426,7 @@ class TrainerConfig(Section):
         self._at_least("logits_chunk", 0)
 
 
+MAX_TRAINER_PROCESSES = 64  # one host's worth of ranks for the local launcher
 PROCESSES = "processes"
 THREADS = "threads"
 
@@ -438,7 +439,9 @@ class WorkersConfig(Section):
     worker (``inference_slots``), how many sequences its engine decodes together
     (``inference_batch``; leases beyond it wait in the engine's queue and enter as slots free
     up), the tokens per page of its KV cache (``page_size``), and after how many seconds
-    without a heartbeat a lease is given up."""
+    without a heartbeat a lease is given up. ``trainer_processes``: P > 1 runs the trainer as a
+    gang of P processes joined with ``jax.distributed`` (``runtime.trainer.gang``; processes
+    mode, with a ``trainer.mesh`` over every device of the gang)."""
 
     NAME = "workers"
     mode: str = PROCESSES
@@ -448,6 +451,7 @@ class WorkersConfig(Section):
     page_size: int = 16
     verifiers: int = 1
     lease_timeout_s: float = 120.0
+    trainer_processes: int = 1
 
     def check(self) -> None:
         self._choice("mode", [PROCESSES, THREADS])
@@ -456,6 +460,13 @@ class WorkersConfig(Section):
         self._at_least("inference_batch", 1)
         self._at_least("page_size", 1)
         self._at_least("verifiers", 1)
+        self._at_least("trainer_processes", 1)
+        if self.trainer_processes > MAX_TRAINER_PROCESSES:
+            raise _fail("workers.trainer_processes", self.trainer_processes,
+                        f"it must be <= {MAX_TRAINER_PROCESSES}")
+        if self.trainer_processes > 1 and self.mode != PROCESSES:
+            raise _fail("workers.trainer_processes", self.trainer_processes,
+                        'a trainer gang runs as processes: it needs workers.mode="processes"')
         if self.lease_timeout_s <= 0.0:
             raise _fail("workers.lease_timeout_s", self.lease_timeout_s, "it must be > 0")
 
@@ -605,6 +616,11 @@ class Config:
             raise _fail("trainer.micro_batch_size", micro,
                         f"it must be 0 (the whole batch) or divide the batch of {rows} rows "
                         "(scheduling.groups_per_batch × sampling.group_size)")
+        gang, mesh = self.workers.trainer_processes, MeshShape.of(self.trainer.mesh).size
+        if gang > 1 and mesh % gang:
+            raise _fail("trainer.mesh", self.trainer.mesh,
+                        f"a gang of workers.trainer_processes={gang} needs a mesh over all of its devices "
+                        f"(a multiple of {gang}), e.g. trainer.mesh={{fsdp={gang}}}")
 
     @property
     def max_tokens(self) -> int:

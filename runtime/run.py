@@ -485,7 +485,7 @@ class _WorkerProcesses:
         self.supervisor = Supervisor(
             f"127.0.0.1:{self.served.port}", [("trainer", 1), ("verifier", w.verifiers), ("inference", w.inference)],
             log_dir=logs, journal=Journal(journal), lose=self._lose, joined_ids=self._joined_ids,
-            env={TOKEN_ENV: token}, retry_for_s=self.RETRY_FOR_S)
+            env={TOKEN_ENV: token}, retry_for_s=self.RETRY_FOR_S, gangs={"trainer": w.trainer_processes})
         try:
             self.supervisor.start()
         except BaseException:

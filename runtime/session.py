@@ -51,6 +51,8 @@ def fingerprint() -> dict:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "devices": jax.device_count(),
         "processes": jax.process_count(),
+        # how a gang's ranks sum across processes (recorded only for a gang: its bits depend on it)
+        **({"collectives": jax.config.values["jax_cpu_collectives_implementation"]} if jax.process_count() > 1 else {}),
     }
 
 

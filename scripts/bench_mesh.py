@@ -1,16 +1,18 @@
 #!/usr/bin/env python
-"""The demo's train step on a device mesh of 1, 2 and 4 CPU devices (``trainer.mesh={fsdp=N}``).
+"""The demo's train step on a device mesh of 1, 2 and 4 CPU devices (``trainer.mesh={fsdp=N}``),
+in one process or as a trainer gang of processes (``workers.trainer_processes``).
 
-Each device count runs in its own process (``XLA_FLAGS=--xla_force_host_platform_device_count=N``
-must be set before JAX starts): the demo's model and a demo-shaped batch (32 prompts of 9 tokens ×
+A layout ``N`` is one process with N devices (``XLA_FLAGS=--xla_force_host_platform_device_count=N``
+must be set before JAX starts); ``PxD`` is a gang of P processes with D devices each, joined with
+``jax.distributed`` over loopback (``runtime.trainer.gang``), timed by rank 0. Each runs the demo's model and a demo-shaped batch (32 prompts of 9 tokens ×
 8 completions of up to 5), parameters and Adam's moments placed by ``runtime.trainer.mesh``'s rules,
 the batch split by rows; two warm-up steps, then ``--steps`` timed steps, each blocked on its
-result. Reported per device count: the median seconds a step and their range over ``--repeats``
-processes, and the ratio to one device measured in the same invocation. Host devices share the
+result. Reported per layout: the median seconds a step and their range over ``--repeats``
+runs, and the ratio to the first layout measured in the same invocation. Host devices share the
 machine's cores, so on a small machine more devices are not faster: this measures what the mesh
 costs, not what it buys on real accelerators.
 
-Usage: python scripts/bench_mesh.py [--devices 1 2 4] [--steps 20] [--repeats 3]
+Usage: python scripts/bench_mesh.py [--layouts 1 2 4 2x1] [--steps 20] [--repeats 3]
 The last line of output is a JSON object.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +31,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 
 CHILD = """
 import dataclasses, json, sys, time
+devices, steps, processes, rank, port = (int(a) for a in sys.argv[1:6])
+if processes > 1:
+    from runtime.trainer.gang import Gang, GangSpec
+    Gang.join(GangSpec(rank, processes, f"127.0.0.1:{port}"))
 import jax, jax.numpy as jnp, numpy as np
 from runtime.config import MeshShape, load_config
 from runtime.session import _builtin_config, step_config
@@ -36,10 +43,9 @@ from runtime.trainer import Sample, make_optimizer, pack, train_step
 from runtime.trainer.batch import shared_prefix
 from runtime.trainer.mesh import make_mesh, shard_rows, shard_tree
 
-devices, steps = int(sys.argv[1]), int(sys.argv[2])
 config = load_config(None, [])
 model, _ = _builtin_config(config)
-mesh = make_mesh(MeshShape(fsdp=devices))
+mesh = make_mesh(MeshShape(fsdp=jax.device_count()))
 rng = np.random.default_rng(0)
 samples = []
 for m in range(32):
@@ -53,8 +59,7 @@ sc = dataclasses.replace(sc, prefix=shared_prefix(samples, 8))
 batch = pack(samples, group_size=8, width=14, pad_id=0)
 params = shard_tree(mesh, init_params(model, key=jax.random.key(0)))
 opt = make_optimizer(sc).init(params)
-zeros = jnp.zeros(batch.mask_BS.shape, jnp.float32)
-b, z, c = shard_rows(mesh, (jax.device_put(batch), zeros, jnp.ones((256,), bool)))
+b, z, c = shard_rows(mesh, (batch, np.zeros(batch.mask_BS.shape, np.float32), np.ones((256,), bool)))
 times = []
 for i in range(2 + steps):
     t = time.perf_counter()
@@ -64,48 +69,74 @@ for i in range(2 + steps):
     if i >= 2:
         times.append(time.perf_counter() - t)
 print(json.dumps({"devices": jax.device_count(), "step_s": sorted(times)[len(times) // 2],
-                  "loss": float(metrics["loss"])}))
+                  "loss": float(metrics["loss"])}), flush=True)
+if processes > 1:
+    jax.distributed.shutdown()
 """
 
 
-def measure(devices: int, steps: int) -> dict:
+def parse_layout(text: str) -> tuple[int, int]:
+    """``N`` → (1 process, N devices); ``PxD`` → (P processes, D devices each)."""
+    processes, sep, devices = text.partition("x")
+    if not sep:
+        processes, devices = "1", text
+    if not (processes.isdigit() and devices.isdigit()) or not 1 <= int(processes) * int(devices) <= 64 \
+            or int(processes) < 1 or int(devices) < 1:
+        raise ValueError(f"layout {text!r}: write N (devices of one process) or PxD (P processes × D devices), "
+                         "at most 64 devices")
+    return int(processes), int(devices)
+
+
+def measure(layout: str, steps: int) -> dict:
+    processes, devices = parse_layout(layout)
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(devices), str(steps)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise SystemExit(f"bench_mesh: {devices} devices failed: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    with socket.socket() as sock:  # a free loopback port for the gang's coordinator
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(devices), str(steps), str(processes), str(rank),
+                               str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(processes)]
+    outs = [proc.communicate() for proc in procs]
+    for proc, (_, stderr) in zip(procs, outs, strict=True):
+        if proc.returncode != 0:
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            raise SystemExit(f"bench_mesh: layout {layout} failed: {tail}")
+    return json.loads(outs[0][0].strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4], help="device counts (default 1 2 4)")
+    p.add_argument("--layouts", nargs="+", default=["1", "2", "4", "2x1"],
+                   help="N: one process with N devices; PxD: a gang of P processes × D devices (default 1 2 4 2x1)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per process (default 20)")
     p.add_argument("--repeats", type=int, default=3, help="processes per device count (default 3)")
     args = p.parse_args(argv)
     for name in ("steps", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name} {getattr(args, name)}: it must be >= 1")
-    if any(d < 1 or d > 64 for d in args.devices):
-        p.error(f"--devices {args.devices}: each must be between 1 and 64")
-    runs: dict[int, list[float]] = {d: [] for d in args.devices}
+    for layout in args.layouts:
+        try:
+            parse_layout(layout)
+        except ValueError as e:
+            p.error(f"--layouts: {e}")
+    runs: dict[str, list[float]] = {layout: [] for layout in args.layouts}
     started = time.perf_counter()
-    for _ in range(args.repeats):  # device counts interleaved, so a slow spell hits all of them
-        for d in args.devices:
-            got = measure(d, args.steps)
-            runs[d].append(got["step_s"])
-            print(f"{d} device(s): {got['step_s'] * 1000:.1f} ms a step", file=sys.stderr, flush=True)
-    base = statistics.median(runs[args.devices[0]])
+    for _ in range(args.repeats):  # layouts interleaved, so a slow spell hits all of them
+        for layout in args.layouts:
+            got = measure(layout, args.steps)
+            runs[layout].append(got["step_s"])
+            print(f"layout {layout} ({got['devices']} devices): {got['step_s'] * 1000:.1f} ms a step",
+                  file=sys.stderr, flush=True)
+    base = statistics.median(runs[args.layouts[0]])
     result = {
         "mesh": "fsdp",
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "steps": args.steps,
         "repeats": args.repeats,
-        "step_s": {str(d): statistics.median(v) for d, v in runs.items()},
-        "step_s_range": {str(d): [min(v), max(v)] for d, v in runs.items()},
-        f"ratio_to_{args.devices[0]}": {str(d): statistics.median(v) / base for d, v in runs.items()},
+        "step_s": {layout: statistics.median(v) for layout, v in runs.items()},
+        "step_s_range": {layout: [min(v), max(v)] for layout, v in runs.items()},
+        f"ratio_to_{args.layouts[0]}": {layout: statistics.median(v) / base for layout, v in runs.items()},
         "seconds": time.perf_counter() - started,
     }
     print(json.dumps(result))

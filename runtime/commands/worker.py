@@ -3,7 +3,9 @@
 ``rlx controller --ledger URL --params URL --listen HOST:PORT`` serves one run to its workers:
 it creates the run from a config (``--config``/``--set``) if the ledger does not hold it, and
 otherwise continues it under a new writer epoch (an older controller still running is fenced).
-``rlx worker inference|verifier|trainer --controller HOST:PORT[,HOST:PORT]`` is one worker.
+``rlx worker inference|verifier|trainer --controller HOST:PORT[,HOST:PORT]`` is one worker;
+``rlx worker trainer --gang RANK/SIZE --coordinator HOST:PORT`` one rank of a trainer gang
+(``runtime.trainer.gang``), on this machine or another.
 Both listen and connect with the rules of every rlx service: loopback by default, a token for
 any other address (``$RLX_TOKEN`` or ``--token-file``), TLS by flags.
 """
@@ -30,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-client-key", metavar="PEM", help="this worker's key (with --tls-client-cert)")
     p.add_argument("--retry-for", type=float, default=600.0, metavar="S",
                    help="give up after S seconds without a controller (default 600)")
+    p.add_argument("--gang", metavar="RANK/SIZE",
+                   help="trainer only: this process is rank RANK of a trainer gang of SIZE processes "
+                        "(jax.distributed); rank 0 serves the coordinator and talks to the controller")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="with --gang: the address rank 0 serves the gang's coordinator on (every rank the same)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="exit when the process that started this one exits (used by rlx run)")
     p.set_defaults(func=cmd_worker)
@@ -51,6 +58,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from runtime.service.worker import main
     from verifiers.service.security import load_token
 
+    gang = None
+    if args.gang is not None or args.coordinator is not None:
+        from runtime.errors import UsageError
+        from runtime.trainer.gang import GangSpec
+
+        if args.role != "trainer":
+            raise UsageError(f"--gang is for trainer workers, not {args.role!r}")
+        gang = GangSpec.parse(args.gang or "", args.coordinator)
     targets = parse_targets(args.controller)
     token = load_token(args.token_file)
     tls = {"root_cert": args.tls_root_cert, "client_cert": args.tls_client_cert, "client_key": args.tls_client_key}
@@ -59,7 +74,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         exit_with_parent()
     compile_cache.enable()  # a worker compiles what every worker of its role compiled before
-    return main(args.role, targets, worker_id=args.worker_id, token=token, tls=tls, retry_for_s=args.retry_for)
+    return main(args.role, targets, worker_id=args.worker_id, token=token, tls=tls, retry_for_s=args.retry_for,
+                gang_spec=gang)
 
 
 def cmd_controller(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ is written, and a writer killed at any point leaves no half version: only unpubl
 invisible to readers and removed by ``sweep``. Every read checks every leaf against the
 sha256 recorded at publication.
 
-Concurrency contract: readers anywhere; one writer (the trainer's ``put``) and one retention
+Concurrency contract: readers anywhere; one writer (the trainer's ``put``: with a trainer gang,
+its ranks each write their own shards and rank 0 alone the manifest) and one retention
 caller (the controller's shell: ``delete`` of the versions the ledger retired, ``sweep``). ``sweep``
 must not run while a ``put`` is in flight, since it cannot tell in-flight data from a crash's.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,11 +26,12 @@ import tensorstore as ts
 
 from runtime.failpoints import failpoint
 from runtime.params import manifest as layout
-from runtime.params.digest import canonical_leaves, combine, data_sha256s, leaf_records, numpy_dtype
+from runtime.params.digest import canonical, canonical_leaves, combine, data_sha256s, leaf_records, numpy_dtype
 from runtime.params.errors import DigestMismatch, ParamStoreError
 from runtime.params.location import Location, parse_location
 from runtime.params.manifest import Manifest, TreeManifest
 from runtime.params.tree import describe, rebuild, rebuild_like
+from runtime.params.tree import leaves as leaves_with_paths
 
 # One context per process: ``memory://`` stores live in it, so every ParamStore of the process
 # opened on the same memory URL sees the same data (like a process-wide tmpfs).
@@ -218,30 +220,43 @@ class ParamStore:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def put(self, version: int, params: Any, opt_state: Any = None) -> str:
+    def put(self, version: int, params: Any, opt_state: Any = None, *, gang: Any = None) -> str:
         """Write and publish ``version``; returns its digest (``params_digest(params)``).
 
         Versions are immutable: putting a version again with the same contents is a no-op
         that returns the digest (so a retried step is harmless); different contents raise.
+
+        ``gang`` (``runtime.trainer.gang.Gang``): every rank of a trainer gang calls ``put``
+        with its global arrays; each writes its own shards of the leaves stored as arrays of
+        their own (chunked by the shards), rank 0 the packed leaves and, once every rank has
+        written, the manifest. Every rank returns the digest.
         """
         version = _check_version(version)
-        trees = {"params": canonical_leaves(params)}
-        params_tree = _tree_manifest(trees["params"], describe(params), self._pack_below)
+        whole = (params, opt_state) if gang is None else gang.gather((params, opt_state))
+        trees = {"params": canonical_leaves(whole[0])}
+        params_tree = _tree_manifest(trees["params"], describe(whole[0]), self._pack_below)
         opt_tree = None
         if opt_state is not None:
-            trees["opt_state"] = canonical_leaves(opt_state)
-            opt_tree = _tree_manifest(trees["opt_state"], describe(opt_state), self._pack_below)
+            trees["opt_state"] = canonical_leaves(whole[1])
+            opt_tree = _tree_manifest(trees["opt_state"], describe(whole[1]), self._pack_below)
         content = layout.content_id(params_tree.digest, None if opt_tree is None else opt_tree.digest)
         data = layout.data_prefix(version, content)
         manifest = Manifest(version, data, params_tree, opt_tree)
 
         key = layout.manifest_key(version)
+        # With a gang every rank reads this before the first barrier and rank 0 publishes only
+        # after the last, so all ranks take the same branch.
         existing = self._await(self._kv.read(key), f"reading {key}")
         if existing.state == "value":
             return self._same_or_raise(manifest, existing.value)
-        self._write_key(layout.pending_key(data), b"")
-        for name, tree_leaves in trees.items():
-            self._write_tree(data, name, tree_leaves, _stored(manifest, name))
+        if gang is None:
+            self._write_key(layout.pending_key(data), b"")
+            for name, tree_leaves in trees.items():
+                self._write_tree(data, name, tree_leaves, _stored(manifest, name))
+        else:
+            self._write_shards(data, {"params": params, "opt_state": opt_state}, trees, manifest, gang)
+            if not gang.leader:
+                return manifest.digest
         failpoint("params.put")
         stamp = self._await(
             self._kv.write(key, manifest.encode(), if_equal=existing.stamp.generation),
@@ -251,6 +266,45 @@ class ParamStore:
             return self._same_or_raise(manifest, self._read_key(key) or b"")
         self._write_key(layout.pending_key(data), None)
         return manifest.digest
+
+    def _write_shards(self, data: str, arrays: dict[str, Any], trees: Mapping[str, Sequence[tuple[str, np.ndarray]]],
+                      manifest: Manifest, gang: Any) -> None:
+        """A gang's writes of one version (see ``put``): rank 0 creates every array and writes
+        the packs; then each rank writes its shards of the other leaves."""
+        what = f"writing {data} in {self.url}"
+        own = []  # (key, the global array) of each leaf not packed
+        for name, tree_leaves in trees.items():
+            stored = _stored(manifest, name)
+            packed = set(stored.packed)
+            global_leaves = dict(leaves_with_paths(arrays[name]))
+            own += [(layout.leaf_key(data, name, path), global_leaves[path]) for path, _ in tree_leaves
+                    if path not in packed]
+        if gang.leader:
+            self._write_key(layout.pending_key(data), b"")
+            for name, tree_leaves in trees.items():
+                stored = _stored(manifest, name)
+                if stored.packed:
+                    self._write_arrays([(layout.pack_key(data, name), _pack(tree_leaves, stored))], what)
+            for key, array in own:
+                self._await(self._open_array(key, np.dtype(array.dtype), array.shape,
+                                             array.sharding.shard_shape(array.shape), create=True), what)
+        gang.barrier("params.created")
+        writes = []
+        for key, array in own:
+            stored_array = self._await(self._open_array(key, np.dtype(array.dtype), array.shape), what)
+            for index, shard in gang.own_shards(array):
+                writes.append(stored_array[index].write(canonical(key, shard)))
+        for write in writes:
+            self._await(write, what)
+        gang.barrier("params.written")
+
+    def _open_array(self, key: str, dtype: np.dtype, shape: tuple[int, ...], chunks: tuple[int, ...] | None = None,
+                    *, create: bool = False) -> Any:
+        metadata = dict(_METADATA)
+        if chunks is not None:
+            metadata["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(chunks)}}
+        return ts.open({**self._array_spec(key), "metadata": metadata}, create=create, open=True,
+                       dtype=ts.dtype(dtype.name), shape=shape, context=self._context)
 
     # -- retention ----------------------------------------------------------------------------
 
@@ -341,17 +395,7 @@ class ParamStore:
 
     def _write_arrays(self, arrays: Sequence[tuple[str, np.ndarray]], what: str) -> None:
         """Create and write one zarr3 array under each key, all at once."""
-        opening = [
-            ts.open(
-                {**self._array_spec(key), "metadata": _METADATA},
-                create=True,
-                open=True,
-                dtype=ts.dtype(array.dtype.name),
-                shape=array.shape,
-                context=self._context,
-            )
-            for key, array in arrays
-        ]
+        opening = [self._open_array(key, array.dtype, array.shape, create=True) for key, array in arrays]
         writes = [self._await(f, what).write(a) for f, (_, a) in zip(opening, arrays, strict=True)]
         for write in writes:
             self._await(write, what)

@@ -67,12 +67,14 @@ def path_string(key_path: tuple[Any, ...]) -> str:
     return "/".join(_component(entry) for entry in key_path)
 
 
+def leaves(tree: Any) -> tuple[tuple[str, Any], ...]:
+    """The (leaf path, leaf) pairs of ``tree``, in JAX flattening order, leaves as they are."""
+    return tuple((path_string(key_path), leaf) for key_path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0])
+
+
 def flatten(tree: Any) -> tuple[tuple[str, np.ndarray], ...]:
     """The (leaf path, numpy array) pairs of ``tree``, in JAX flattening order."""
-    return tuple(
-        (path_string(key_path), np.asarray(leaf))
-        for key_path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-    )
+    return tuple((path, np.asarray(leaf)) for path, leaf in leaves(tree))
 
 
 def _type_name(cls: type) -> str:

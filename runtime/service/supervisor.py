@@ -9,6 +9,12 @@ child had delivered work, else after a doubling back-off. A child that exited wi
 the run finish: it is neither lost nor started again. A slot whose children die
 ``MAX_FAILURES`` times in a row without delivering anything stops the run with a one-line reason.
 
+A trainer gang (``workers.trainer_processes`` > 1, ``runtime.trainer.gang``) is one slot of P
+children, ranks 0 to P-1 joined with ``jax.distributed`` through a coordinator on a fresh
+loopback port; only rank 0 joins the controller. The gang is one failure domain: when any rank
+dies the supervisor kills the others and starts the whole gang again (a rank cannot rejoin a
+live gang); it has finished when every rank has exited 0.
+
 ``workers.jsonl`` in the run directory records each start, exit and first accepted submission with
 its wall time (for people and ``scripts/chaos.py``; nothing decides on it), and each child's output
 goes to ``logs/WORKER_ID.log``.
@@ -64,9 +70,20 @@ class Journal:
             f.write(line + "\n")
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (for a gang's coordinator)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 class _Slot:
-    def __init__(self, name: str, role: str):
+    def __init__(self, name: str, role: str, processes: int = 1):
         self.name, self.role = name, role
+        self.processes = processes  # more than 1: a gang, restarted whole
+        self.peers: list[subprocess.Popen] = []  # ranks 1.. of a gang
         self.spawns = 0
         self.failures = 0  # deaths in a row without delivered work
         self.proc: subprocess.Popen | None = None
@@ -90,14 +107,16 @@ class Supervisor:
         joined_ids: the ids now joined (to find a child's rejoins, ``ID~N``).
         env: extra environment for the children (the run's token).
         retry_for_s: how long a child goes on calling a controller that does not answer.
+        gangs: role → processes per worker of that role (a gang when more than 1).
     """
 
     def __init__(self, target: str, roles: Sequence[tuple[str, int]], *, log_dir: str, journal: Journal,
                  lose: Callable[[Iterable[str], str], object], joined_ids: Callable[[], Iterable[str]],
                  env: dict[str, str] | None = None, max_failures: int = MAX_FAILURES,
-                 retry_for_s: float = RETRY_FOR_S):
+                 retry_for_s: float = RETRY_FOR_S, gangs: dict[str, int] | None = None):
         self.target = target
-        self.slots = [_Slot(f"{role}-{i}", role) for role, count in roles for i in range(count)]
+        gangs = gangs or {}
+        self.slots = [_Slot(f"{role}-{i}", role, gangs.get(role, 1)) for role, count in roles for i in range(count)]
         self.log_dir = log_dir
         self.journal = journal
         self.lose = lose
@@ -120,10 +139,24 @@ class Supervisor:
         slot.log_path = os.path.join(self.log_dir, f"{slot.worker_id}.log")
         argv = [*rlx_command(), "worker", slot.role, "--controller", self.target, "--worker-id", slot.worker_id,
                 "--retry-for", str(self.retry_for_s), "--exit-with-parent"]
-        with open(slot.log_path, "ab") as log:
-            slot.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.env, start_new_session=False)
-        self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=slot.proc.pid)
+        if slot.processes == 1:
+            slot.proc = self._start(argv, slot.log_path)
+            self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=slot.proc.pid)
+            return
+        coordinator = f"127.0.0.1:{free_port()}"
+        procs = []
+        for rank in range(slot.processes):
+            log_path = slot.log_path if rank == 0 else os.path.join(self.log_dir, f"{slot.worker_id}.rank{rank}.log")
+            procs.append(self._start([*argv, "--gang", f"{rank}/{slot.processes}", "--coordinator", coordinator],
+                                     log_path))
+            self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, rank=rank,
+                               pid=procs[-1].pid)
+        slot.proc, slot.peers = procs[0], procs[1:]
+
+    def _start(self, argv: list[str], log_path: str) -> subprocess.Popen:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=self.env, start_new_session=False)
 
     def delivered(self, worker_id: str) -> None:
         """A submission of ``worker_id`` was accepted (called from the service's threads)."""
@@ -135,8 +168,31 @@ class Supervisor:
                     self.journal.write("first_accept", slot=slot.name, role=slot.role, worker_id=worker_id)
 
     def pids(self) -> dict[str, int]:
-        """Worker id → pid of the live children."""
-        return {s.worker_id: s.proc.pid for s in self.slots if s.proc is not None and s.proc.poll() is None}
+        """Worker id → pid of the live children (a gang's rank r > 0: ``ID.rankR``)."""
+        pids = {}
+        for s in self.slots:
+            if s.proc is not None and s.proc.poll() is None:
+                pids[s.worker_id] = s.proc.pid
+            for rank, peer in enumerate(s.peers, 1):
+                if peer.poll() is None:
+                    pids[f"{s.worker_id}.rank{rank}"] = peer.pid
+        return pids
+
+    @staticmethod
+    def _exit_code(slot: _Slot) -> int | None:
+        """The slot's exit status once it has ended, else None: a gang has ended when every rank
+        exited 0, or as soon as one rank failed (the others are killed: one failure domain)."""
+        assert slot.proc is not None
+        procs = [slot.proc, *slot.peers]
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if not failed:
+            return None if None in codes else 0
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return failed[0]
 
     def poll(self) -> None:
         """Reap dead children, record their loss, restart them (see module docstring)."""
@@ -144,11 +200,11 @@ class Supervisor:
         for slot in self.slots:
             proc = slot.proc
             if proc is not None:
-                code = proc.poll()
+                code = self._exit_code(slot)
                 if code is None:
                     continue
                 how = describe_exit(code)
-                slot.proc = None
+                slot.proc, slot.peers = None, []
                 if code == 0:
                     # A worker exits 0 only once the controller told it the run has finished: it
                     # is neither recorded lost nor started again.
@@ -179,7 +235,7 @@ class Supervisor:
         """Wait up to ``grace_s`` for the children to exit (they do when the run finishes), then
         terminate the rest."""
         deadline = time.monotonic() + grace_s
-        live = [s.proc for s in self.slots if s.proc is not None]
+        live = [p for s in self.slots if s.proc is not None for p in (s.proc, *s.peers)]
         for proc in live:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
@@ -198,7 +254,7 @@ class Supervisor:
             if slot.proc is not None:
                 self.journal.write("exit", slot=slot.name, role=slot.role, worker_id=slot.worker_id,
                                    pid=slot.proc.pid, how=describe_exit(slot.proc.returncode))
-                slot.proc = None
+                slot.proc, slot.peers = None, []
 
 
 def _last_line(path: str) -> str:

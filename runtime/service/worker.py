@@ -162,36 +162,59 @@ class VerifierRole(Role):
 class TrainerRole(Role):
     role = TRAINER
 
-    def __init__(self, config: Config, params_url: str, log: Log):
+    def __init__(self, config: Config, params_url: str, log: Log, gang=None):
         from runtime.params import ParamStore
         from runtime.session import build_session, fingerprint, trainer_mesh
+        from runtime.trainer.gang import check_devices
         from runtime.workers import StepTrainer
 
         session = build_session(config, log=log, judge=False)
+        mesh = trainer_mesh(config)
+        check_devices(gang, 1 if mesh is None else mesh.size)
+        self.gang = gang
         self.info = {"fingerprint": fingerprint()}  # the stack this trainer's bits come from
         self.trainer = StepTrainer("", session.model, session.task, session.codec, ParamStore.open(params_url),
                                    session.step_config, group_size=config.sampling.group_size, width=session.width,
-                                   keep_parents=config.scheduling.max_staleness, mesh=trainer_mesh(config))
+                                   keep_parents=config.scheduling.max_staleness, mesh=mesh, gang=gang)
 
     def work(self, reply, working):
-        from runtime.controller.workers import InitTask
-
         if not reply.HasField("train"):
             return []
-        task = wire.train_from_proto(reply.train)
+        if self.gang is not None:  # the other ranks run the same step
+            self.gang.hand_out(reply.train.SerializeToString())
+        return self.run(reply.train, working)
+
+    def run(self, message: pb.TrainTask, working: Working | None = None) -> list[ev.Event]:
+        from runtime.controller.workers import InitTask
+
+        task = wire.train_from_proto(message)
+        if working is not None:
+            working.set(steps=[0 if task is None else task.step])
         if task is None:
-            working.set(steps=[0])
             return [self.trainer.initialize(InitTask())]
-        working.set(steps=[task.step])
         return list(self.trainer.train(task))
+
+    def follow(self, log: Log) -> int:
+        """A rank other than 0: run the steps rank 0 hands out until it says the run finished."""
+        assert self.gang is not None
+        while (payload := self.gang.take()) is not None:
+            message = pb.TrainTask()
+            message.ParseFromString(payload)
+            self.run(message)
+        log(f"rank {self.gang.rank}: the run has finished")
+        return 0
 
 
 ROLE_TYPES: dict[str, type] = {INFERENCE: InferenceRole, VERIFIER: VerifierRole, TRAINER: TrainerRole}
 
 
 def run_worker(role: str, client: ControllerClient, *, worker_id: str, log: Log = print,
-               retry_for_s: float = 600.0) -> int:
-    """Serve the run of the controller ``client`` reaches until it finishes; returns 0 then."""
+               retry_for_s: float = 600.0, gang=None) -> int:
+    """Serve the run of the controller ``client`` reaches until it finishes; returns 0 then.
+
+    ``gang`` (``runtime.trainer.gang.Gang``, trainers only): rank 0 serves as the gang's one
+    trainer worker and hands each task to the other ranks, which only follow it.
+    """
     backoff = _Backoff(retry_for_s)
     while True:
         try:
@@ -205,8 +228,18 @@ def run_worker(role: str, client: ControllerClient, *, worker_id: str, log: Log 
         log(f"run {info.run_id!r} has finished; nothing to do")
         return 0
     config = Config.from_dict(wire.unpack_map(info.config, "run config"))
-    work = ROLE_TYPES[role](config, info.params_url, log)
+    work = ROLE_TYPES[role](config, info.params_url, log, **({} if gang is None else {"gang": gang}))
     gc.freeze()  # the model, engine and compiled programs live as long as the process
+    if gang is not None and not gang.leader:
+        return work.follow(log)
+    code = _join_and_serve(work, client, info, worker_id=worker_id, log=log, backoff=backoff)
+    if gang is not None:
+        gang.stop()
+    return code
+
+
+def _join_and_serve(work: Role, client: ControllerClient, info, *, worker_id: str, log: Log,
+                    backoff: _Backoff) -> int:
     beat_client = ControllerClient(client.targets, **client.settings)
     pending: list[tuple[str, list[ev.Event]]] = []  # results not yet delivered, by the id that made them
     attempt = 0
@@ -214,7 +247,7 @@ def run_worker(role: str, client: ControllerClient, *, worker_id: str, log: Log 
         wid = worker_id if attempt == 0 else f"{worker_id}~{attempt}"
         attempt += 1
         try:
-            joined = client.join(wid, role, slots=work.slots, info=work.info)
+            joined = client.join(wid, work.role, slots=work.slots, info=work.info)
         except AlreadyJoined:
             continue
         except Disconnected as e:
@@ -285,10 +318,17 @@ def exit_with_parent(period_s: float = 0.5) -> None:
 
 
 def main(role: str, targets: list[str], *, worker_id: str | None, token: str | None, tls: dict,
-         retry_for_s: float) -> int:
+         retry_for_s: float, gang_spec=None) -> int:
+    """One worker process; with ``gang_spec`` (``runtime.trainer.gang.GangSpec``), one rank of a
+    trainer gang, joined before anything else touches JAX."""
     import os
     import socket
 
+    gang = None
+    if gang_spec is not None:
+        from runtime.trainer.gang import Gang
+
+        gang = Gang.join(gang_spec)
     client = ControllerClient(targets, token=token, **tls)
     wid = worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
 
@@ -296,6 +336,9 @@ def main(role: str, targets: list[str], *, worker_id: str | None, token: str | N
         print(f"rlx worker {role}: {message}", file=sys.stderr, flush=True)
 
     try:
-        return run_worker(role, client, worker_id=wid, log=log, retry_for_s=retry_for_s)
+        code = run_worker(role, client, worker_id=wid, log=log, retry_for_s=retry_for_s, gang=gang)
     finally:
         client.close()
+    if gang is not None:
+        gang.shutdown()  # waits for every rank: rank 0 serves the coordinator until the others are done
+    return code

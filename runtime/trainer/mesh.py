@@ -82,13 +82,30 @@ def param_spec(mesh: Mesh, path, shape: tuple[int, ...]) -> PartitionSpec:
     return PartitionSpec(_fits(mesh, rows, "fsdp"), _fits(mesh, cols, model))
 
 
+def place(x, sharding: NamedSharding):
+    """``x`` (a host array, or a device array of this process or of the whole gang) laid out by
+    ``sharding``. A mesh that spans several processes (a trainer gang) gets each process's own
+    shards from its copy of a host array, and a global array another layout through a compiled
+    copy, since ``device_put`` moves only what this process can address."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    if isinstance(x, jax.Array):
+        return x if x.sharding == sharding else _reshard(x, sharding)
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def _reshard(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    return jax.jit(lambda a: a, out_shardings=sharding)(x)
+
+
 def shard_tree(mesh: Mesh | None, tree):
     """``tree`` (parameters or optimizer state, host or device arrays) placed on ``mesh`` by
     :func:`param_spec`, in one transfer; without a mesh, on the default device."""
     if mesh is None:
         return jax.tree.map(jnp.asarray, tree)
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: jax.device_put(x, NamedSharding(mesh, param_spec(mesh, path, np.shape(x)))), tree
+        lambda path, x: place(x, NamedSharding(mesh, param_spec(mesh, path, np.shape(x)))), tree
     )
 
 
@@ -98,8 +115,17 @@ def shard_rows(mesh: Mesh | None, tree):
     if mesh is None:
         return jax.device_put(tree)
 
-    def place(x):
+    def rows(x):
         spec = PartitionSpec(_fits(mesh, x.shape[0], ROWS)) if np.ndim(x) else PartitionSpec()
-        return jax.device_put(x, NamedSharding(mesh, spec))
+        return place(x, NamedSharding(mesh, spec))
 
-    return jax.tree.map(place, tree)
+    return jax.tree.map(rows, tree)
+
+
+def to_host(x) -> np.ndarray:
+    """The whole of ``x`` as a numpy array, also when its rows are spread over a gang."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)

@@ -22,7 +22,7 @@ from runtime.model import Model
 from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
 from runtime.trainer.batch import Sample, pack, shared_prefix
-from runtime.trainer.mesh import shard_rows, shard_tree
+from runtime.trainer.mesh import shard_rows, shard_tree, to_host
 from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
 
 
@@ -33,11 +33,13 @@ class StepTrainer:
     keeps in memory, one copy of the parameters each, for the old log-probs of the rollouts
     those versions sampled; a version it no longer holds is read back from the store.
     ``mesh`` (``runtime.trainer.mesh``): the device mesh its parameters, optimizer state and
-    batches are laid out on; None, one device.
+    batches are laid out on; None, one device. ``gang`` (``runtime.trainer.gang``): the trainer
+    gang this process is a rank of, whose ranks run every step together and each write their own
+    shards of a version; None, a trainer of one process.
     """
 
     def __init__(self, worker_id: str, model: Model, task: Task, codec: TextCodec, store: ParamStore, config: StepConfig,
-                 *, group_size: int, width: int, keep_parents: int = 0, mesh=None):
+                 *, group_size: int, width: int, keep_parents: int = 0, mesh=None, gang=None):
         self.worker_id = worker_id
         self.model = model
         self.task = task
@@ -47,6 +49,7 @@ class StepTrainer:
         self.group_size = group_size
         self.width = width
         self.mesh = mesh
+        self.gang = gang
         # Version 0, the KL / preference reference; a copy, because train steps donate their inputs.
         self._reference = shard_tree(mesh, jax.tree.map(jnp.array, model.params))
         self._state: tuple[int, str, dict, object] | None = None  # version, digest, params, opt state
@@ -61,7 +64,7 @@ class StepTrainer:
     def initialize(self, task: InitTask) -> WeightsPublished:
         params = shard_tree(self.mesh, jax.tree.map(jnp.array, self.model.params))
         opt_state = make_optimizer(self.config).init(params)
-        digest = self.store.put(0, params, opt_state)
+        digest = self.store.put(0, params, opt_state, gang=self.gang)
         self._state = (0, digest, params, opt_state)
         return WeightsPublished(0, digest, -1, "")
 
@@ -137,7 +140,7 @@ class StepTrainer:
                     f"parameter store no longer has it (stored: {list(self.store.versions())})"
                 )
             logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, config=config)
-            logp_old[rows] = np.asarray(logp_BS)[rows]
+            logp_old[rows] = to_host(logp_BS)[rows]
         if self.config.needs_reference:
             logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, config=config)
         else:
@@ -161,7 +164,7 @@ class StepTrainer:
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))
         metrics["staleness_max"] = float(task.step - 1 - int(batch.versions_B.min()))
         metrics["staleness_mean"] = float(np.mean(task.step - 1 - batch.versions_B))
-        digest = self.store.put(task.step, new_params, new_opt)
+        digest = self.store.put(task.step, new_params, new_opt, gang=self.gang)
         self._state = (task.step, digest, new_params, new_opt)
         self.last_metrics = metrics
         return (

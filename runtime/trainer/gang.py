@@ -1,0 +1,146 @@
+"""A trainer gang: one logical trainer run by P processes joined with ``jax.distributed``.
+
+``workers.trainer_processes = P`` starts the trainer as P ``rlx worker trainer`` processes, rank 0
+to P-1, that call ``jax.distributed.initialize`` against a coordinator rank 0 serves (gloo over
+TCP for the collectives on CPU). Together they hold one device mesh (``trainer.mesh``, over every
+device of the gang) and run each train step as one SPMD program:
+
+- to the controller the gang is **one** trainer worker: rank 0 joins, polls, heartbeats and
+  submits; it hands each task to the other ranks through the coordination service's key-value
+  store (:meth:`Gang.hand_out`, :meth:`Gang.take`), numbered in order, so every rank runs the
+  same steps in the same order;
+- every rank writes its own shards of the parameters and optimizer state to the store, and
+  rank 0 publishes the manifest last, after a barrier (``ParamStore.put`` with ``gang``);
+- the gang is one failure domain: ``jax.distributed`` aborts every rank when one dies (a rank
+  cannot rejoin a live gang), and the supervisor then starts the whole gang again, which
+  re-derives the step from the ledger and the last published version.
+
+A 2-device gang sums in the same order as one process with 2 devices (a two-party sum has one
+order), so ``trainer.mesh={fsdp=2}`` gives the same bits either way; for more devices the
+cross-process reduction orders differ from the in-process ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from runtime.errors import UsageError
+
+HEARTBEAT_S = 10  # a dead rank aborts the others within about this long
+INIT_TIMEOUT_S = 120
+BARRIER_TIMEOUT_MS = 600_000
+_STOP = b"stop"
+
+
+@dataclasses.dataclass(frozen=True)
+class GangSpec:
+    """Where a process stands in its gang: ``rank`` of ``size``, the coordinator's ``HOST:PORT``."""
+
+    rank: int
+    size: int
+    coordinator: str
+
+    @classmethod
+    def parse(cls, gang: str, coordinator: str | None) -> GangSpec:
+        """``RANK/SIZE`` (e.g. ``0/2``) and the coordinator; a bad value is a one-line error."""
+        rank, sep, size = gang.partition("/")
+        if not (sep and rank.isdigit() and size.isdigit() and int(rank) < int(size)):
+            raise UsageError(f"--gang {gang!r} is not RANK/SIZE with 0 <= RANK < SIZE (e.g. 0/2)")
+        host, sep, port = (coordinator or "").rpartition(":")
+        if not (sep and host and port.isdigit()):
+            raise UsageError(f"--coordinator {coordinator!r} is not HOST:PORT (e.g. 127.0.0.1:7100); "
+                             "a gang needs the address rank 0 serves its coordinator on")
+        return cls(int(rank), int(size), coordinator or "")
+
+
+class Gang:
+    """This process's gang, once joined: its rank and the few things the ranks share."""
+
+    def __init__(self, spec: GangSpec):
+        from jax._src import distributed
+
+        self.rank, self.size = spec.rank, spec.size
+        # The coordination service's client (the key-value store and barriers JAX's own
+        # multi-host utilities use); it lives as long as the process.
+        client = distributed.global_state.client
+        assert client is not None, "jax.distributed.initialize has not run"
+        self._client = client
+        self._sent = 0
+        self._taken = 0
+        self._barriers = 0
+
+    @classmethod
+    def join(cls, spec: GangSpec) -> Gang:
+        """Join the gang; must run before anything in the process touches a JAX backend."""
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
+        # Rank 0 serves the coordinator on exactly the address given (JAX's default is every
+        # interface): 127.0.0.1 for a gang on one machine.
+        jax.distributed.initialize(coordinator_address=spec.coordinator, num_processes=spec.size,
+                                   process_id=spec.rank, initialization_timeout=INIT_TIMEOUT_S,
+                                   heartbeat_timeout_seconds=HEARTBEAT_S, coordinator_bind_address=spec.coordinator)
+        return cls(spec)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    # -- tasks, from rank 0 to the others -----------------------------------------------------
+
+    def hand_out(self, payload: bytes) -> None:
+        """Rank 0: the next task (its wire bytes) for the other ranks."""
+        self._client.key_value_set_bytes(f"rlx/gang/task/{self._sent}", payload)
+        self._sent += 1
+
+    def stop(self) -> None:
+        """Rank 0: the run has finished; the other ranks' :meth:`take` returns None."""
+        self.hand_out(_STOP)
+
+    def take(self, wait_s: float = 60.0) -> bytes | None:
+        """The other ranks: the next task rank 0 handed out (waiting for it), None once it
+        said stop. A dead rank 0 ends the process (``jax.distributed`` aborts it)."""
+        key = f"rlx/gang/task/{self._taken}"
+        while True:
+            try:
+                payload = self._client.blocking_key_value_get_bytes(key, int(wait_s * 1000))
+                break
+            except Exception as e:  # a timeout: rank 0 has had nothing to hand out yet
+                if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
+                    raise
+        self._client.key_value_delete(key)
+        self._taken += 1
+        return None if payload == _STOP else payload
+
+    # -- the store ----------------------------------------------------------------------------
+
+    def barrier(self, name: str) -> None:
+        """Wait until every rank reaches the barrier ``name`` (numbered: each call is a new one)."""
+        self._barriers += 1
+        self._client.wait_at_barrier(f"rlx/{name}/{self._barriers}", BARRIER_TIMEOUT_MS)
+
+    def gather(self, tree):
+        """``tree`` of global arrays as whole numpy arrays, on every rank."""
+        from jax.experimental import multihost_utils
+
+        return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+    @staticmethod
+    def own_shards(array) -> list[tuple[tuple[slice, ...], np.ndarray]]:
+        """The parts of the global ``array`` this rank writes: each of its shards held by no
+        lower replica (so every element is written once)."""
+        return [(shard.index, np.asarray(shard.data)) for shard in array.addressable_shards if shard.replica_id == 0]
+
+    def shutdown(self) -> None:
+        jax.distributed.shutdown()
+
+
+def check_devices(gang: Gang | None, mesh_size: int) -> None:
+    """A gang's mesh must span every device of the gang, so that each rank holds its part."""
+    if gang is not None and mesh_size != jax.device_count():
+        raise UsageError(
+            f"trainer.mesh has {mesh_size} devices but the gang of {gang.size} processes has "
+            f"{jax.device_count()} ({jax.local_device_count()} per process); set trainer.mesh to span all of them, "
+            f"e.g. trainer.mesh={{fsdp={jax.device_count()}}}"
+        )
