@@ -384,7 +384,11 @@ class TrainerConfig(Section):
     for a float32 model, whose engine and trainer agree to float32 rounding, and to
     ``"recompute"`` otherwise; a run logged before it existed reads as ``"recompute"``.
     ``mesh``: ``{data=…, fsdp=…, model=…}`` lays the step out on a device mesh of that shape (axes
-    left out are 1; ``runtime.trainer.mesh``); empty, the step runs on one device."""
+    left out are 1; ``runtime.trainer.mesh``); empty, the step runs on one device.
+    ``deterministic_reduction``: on a mesh, sum the gradient over the row shards in a fixed order
+    (all-gather, then a sum in shard order) instead of the collective's own order, so that the
+    bits do not depend on how the devices are spread over processes (1 × 4, 2 × 2 and 4 × 1 alike);
+    it costs a second forward pass and the whole gradient on every device."""
 
     NAME = "trainer"
     learning_rate: float = 2e-4
@@ -397,6 +401,7 @@ class TrainerConfig(Section):
     shared_prefix: bool | None = None
     old_logprobs: str | None = None
     mesh: dict = dataclasses.field(default_factory=dict)
+    deterministic_reduction: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -417,6 +422,10 @@ class TrainerConfig(Section):
         if shape.size > 1 and self.bounded:
             raise _fail("trainer.mesh", self.mesh, "a mesh runs the whole-batch step only: it does not combine "
                                                    "with micro_batch_size, logits_chunk or remat yet")
+        if self.deterministic_reduction and shape.model > 1:
+            raise _fail("trainer.deterministic_reduction", self.deterministic_reduction,
+                        "it fixes the order of the sums over the batch's rows (data, fsdp), not over the model "
+                        "axis: use it with a mesh of model=1")
         if self.learning_rate <= 0.0:
             raise _fail("trainer.learning_rate", self.learning_rate, "it must be > 0")
         self._at_least("weight_decay", 0.0)

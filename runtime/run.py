@@ -30,7 +30,7 @@ from ledger import open_store
 from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.rundir import RunDir, run_started
-from runtime.session import Session, build_session, build_task, fingerprint, step_config, trainer_mesh
+from runtime.session import Session, build_session, build_task, fingerprint, make_trainer, step_config
 
 
 class _Workers:
@@ -361,7 +361,7 @@ def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retir
     the same joins again under a new id.
     """
     from runtime.controller import InitTask
-    from runtime.workers import EngineWorker, StepTrainer, TaskVerifier, last_version_loader
+    from runtime.workers import EngineWorker, TaskVerifier, last_version_loader
 
     inferences = [
         EngineWorker(f"inference-{i}", session.engine if i == 0 else session.new_engine(), session.task,
@@ -369,9 +369,7 @@ def _run_threads(session: Session, config: Config, pstore, ctrl, retirer: _Retir
         for i in range(config.workers.inference)
     ]
     verifiers = [TaskVerifier(f"verifier-{i}", session.task, session.codec) for i in range(config.workers.verifiers)]
-    trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, session.step_config,
-                          group_size=config.sampling.group_size, width=session.width,
-                          keep_parents=config.scheduling.max_staleness, mesh=trainer_mesh(config))
+    trainer = make_trainer(session, pstore, "trainer-0")
     in_hand: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # worker id -> (rollouts, steps)
     joins: dict[str, int] = {}
 

@@ -319,6 +319,24 @@ def trainer_mesh(config: Config):
         raise UsageError(str(e)) from None
 
 
+def make_trainer(session: Session, store, worker_id: str, *, gang=None):
+    """The run's ``StepTrainer`` on ``store``: the step, batch shape and parents kept its config
+    says, on the ``trainer.mesh`` (summing gradients in a fixed order with
+    ``trainer.deterministic_reduction``), as one rank of ``gang`` if given."""
+    from runtime.trainer.gang import check_devices
+    from runtime.workers import StepTrainer
+
+    config = session.config
+    mesh = trainer_mesh(config)
+    check_devices(gang, 1 if mesh is None else mesh.size)
+    step = session.step_config
+    if mesh is not None and config.trainer.deterministic_reduction:
+        step = dataclasses.replace(step, fixed_order_mesh=mesh)
+    return StepTrainer(worker_id, session.model, session.task, session.codec, store, step,
+                       group_size=config.sampling.group_size, width=session.width,
+                       keep_parents=config.scheduling.max_staleness, mesh=mesh, gang=gang)
+
+
 def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple[Any, str | None]:
     """The run's task and, with ``judge``, its sandboxed code verifier when it has code tests: a
     refused isolation level stops the run before anything is trained. Returns (task, the sandbox's

@@ -4,7 +4,9 @@ in one process or as a trainer gang of processes (``workers.trainer_processes``)
 
 A layout ``N`` is one process with N devices (``XLA_FLAGS=--xla_force_host_platform_device_count=N``
 must be set before JAX starts); ``PxD`` is a gang of P processes with D devices each, joined with
-``jax.distributed`` over loopback (``runtime.trainer.gang``), timed by rank 0. Each runs the demo's model and a demo-shaped batch (32 prompts of 9 tokens ×
+``jax.distributed`` over loopback (``runtime.trainer.gang``), timed by rank 0; a trailing ``d``
+(``4d``, ``2x2d``) sums the gradient in a fixed order (``trainer.deterministic_reduction``), whose
+cost is the ratio of ``4d`` to ``4``. Each runs the demo's model and a demo-shaped batch (32 prompts of 9 tokens ×
 8 completions of up to 5), parameters and Adam's moments placed by ``runtime.trainer.mesh``'s rules,
 the batch split by rows; two warm-up steps, then ``--steps`` timed steps, each blocked on its
 result. Reported per layout: the median seconds a step and their range over ``--repeats``
@@ -12,7 +14,7 @@ runs, and the ratio to the first layout measured in the same invocation. Host de
 machine's cores, so on a small machine more devices are not faster: this measures what the mesh
 costs, not what it buys on real accelerators.
 
-Usage: python scripts/bench_mesh.py [--layouts 1 2 4 2x1] [--steps 20] [--repeats 3]
+Usage: python scripts/bench_mesh.py [--layouts 1 2 4 2x1 2d 4d] [--steps 20] [--repeats 3]
 The last line of output is a JSON object.
 """
 
@@ -31,7 +33,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 
 CHILD = """
 import dataclasses, json, sys, time
-devices, steps, processes, rank, port = (int(a) for a in sys.argv[1:6])
+devices, steps, processes, rank, port, fixed = (int(a) for a in sys.argv[1:7])
 if processes > 1:
     from runtime.trainer.gang import Gang, GangSpec
     Gang.join(GangSpec(rank, processes, f"127.0.0.1:{port}"))
@@ -55,7 +57,7 @@ for m in range(32):
         samples.append(Sample(prompt, np.int32(list(rng.integers(3, 20, n - 1)) + [2]),
                               np.float32(-np.ones(n)), float(rng.integers(0, 2)), 0))
 sc = step_config(config.resolved(), type("M", (), {"config": model})())
-sc = dataclasses.replace(sc, prefix=shared_prefix(samples, 8))
+sc = dataclasses.replace(sc, prefix=shared_prefix(samples, 8), fixed_order_mesh=mesh if fixed else None)
 batch = pack(samples, group_size=8, width=14, pad_id=0)
 params = shard_tree(mesh, init_params(model, key=jax.random.key(0)))
 opt = make_optimizer(sc).init(params)
@@ -75,27 +77,29 @@ if processes > 1:
 """
 
 
-def parse_layout(text: str) -> tuple[int, int]:
-    """``N`` → (1 process, N devices); ``PxD`` → (P processes, D devices each)."""
-    processes, sep, devices = text.partition("x")
+def parse_layout(text: str) -> tuple[int, int, bool]:
+    """``N`` → (1 process, N devices, False); ``PxD`` → (P processes, D devices each, False); a
+    trailing ``d``: the fixed-order reduction (True)."""
+    fixed = text.endswith("d")
+    processes, sep, devices = text.removesuffix("d").partition("x")
     if not sep:
         processes, devices = "1", text
     if not (processes.isdigit() and devices.isdigit()) or not 1 <= int(processes) * int(devices) <= 64 \
             or int(processes) < 1 or int(devices) < 1:
         raise ValueError(f"layout {text!r}: write N (devices of one process) or PxD (P processes × D devices), "
-                         "at most 64 devices")
-    return int(processes), int(devices)
+                         "at most 64 devices, with a trailing d for the fixed-order reduction")
+    return int(processes), int(devices), fixed
 
 
 def measure(layout: str, steps: int) -> dict:
-    processes, devices = parse_layout(layout)
+    processes, devices, fixed = parse_layout(layout)
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with socket.socket() as sock:  # a free loopback port for the gang's coordinator
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(devices), str(steps), str(processes), str(rank),
-                               str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(port), str(int(fixed))], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in range(processes)]
     outs = [proc.communicate() for proc in procs]
     for proc, (_, stderr) in zip(procs, outs, strict=True):
@@ -107,8 +111,9 @@ def measure(layout: str, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layouts", nargs="+", default=["1", "2", "4", "2x1"],
-                   help="N: one process with N devices; PxD: a gang of P processes × D devices (default 1 2 4 2x1)")
+    p.add_argument("--layouts", nargs="+", default=["1", "2", "4", "2x1", "2d", "4d"],
+                   help="N: one process with N devices; PxD: a gang of P processes × D devices; a trailing d: "
+                        "the fixed-order reduction (default 1 2 4 2x1 2d 4d)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per process (default 20)")
     p.add_argument("--repeats", type=int, default=3, help="processes per device count (default 3)")
     args = p.parse_args(argv)

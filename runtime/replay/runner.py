@@ -196,8 +196,8 @@ class _Rerun:
 
         from runtime.config import Config
         from runtime.params import ParamStore
-        from runtime.session import EngineShape, build_session, trainer_mesh
-        from runtime.workers import EngineWorker, StepTrainer
+        from runtime.session import EngineShape, build_session, make_trainer
+        from runtime.workers import EngineWorker
 
         self.plan, self.pstore, self.log = plan, pstore, log
         config = Config.from_dict(plan.run.config)
@@ -211,10 +211,7 @@ class _Rerun:
         self.session = session
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
-        self.trainer = StepTrainer("replay-trainer", session.model, session.task, session.codec, self.store,
-                                   session.step_config, group_size=config.sampling.group_size,
-                                   width=session.width, keep_parents=config.scheduling.max_staleness,
-                                   mesh=trainer_mesh(config))
+        self.trainer = make_trainer(session, self.store, "replay-trainer")
         self.sampler = None if not sample else EngineWorker(
             "replay-inference", session.engine, session.task, session.codec,
             lambda v: (self.store.get(v), self.store.digest(v)))

@@ -164,18 +164,12 @@ class TrainerRole(Role):
 
     def __init__(self, config: Config, params_url: str, log: Log, gang=None):
         from runtime.params import ParamStore
-        from runtime.session import build_session, fingerprint, trainer_mesh
-        from runtime.trainer.gang import check_devices
-        from runtime.workers import StepTrainer
+        from runtime.session import build_session, fingerprint, make_trainer
 
         session = build_session(config, log=log, judge=False)
-        mesh = trainer_mesh(config)
-        check_devices(gang, 1 if mesh is None else mesh.size)
         self.gang = gang
         self.info = {"fingerprint": fingerprint()}  # the stack this trainer's bits come from
-        self.trainer = StepTrainer("", session.model, session.task, session.codec, ParamStore.open(params_url),
-                                   session.step_config, group_size=config.sampling.group_size, width=session.width,
-                                   keep_parents=config.scheduling.max_staleness, mesh=mesh, gang=gang)
+        self.trainer = make_trainer(session, ParamStore.open(params_url), "", gang=gang)
 
     def work(self, reply, working):
         if not reply.HasField("train"):

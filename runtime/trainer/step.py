@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +85,9 @@ class StepConfig:
     computes every row in full. ``old_logprobs``: ``"recompute"`` (the trainer scores rows sampled
     from an older version with that version's weights) or ``"behaviour"`` (their old log-probs
     are the engine's; the log-prob mismatch metrics then cover the on-policy rows only).
+    ``fixed_order_mesh``: the device mesh (``runtime.trainer.mesh``) over whose row shards the
+    gradient is summed in a fixed order (``trainer.deterministic_reduction``, see
+    :func:`_fixed_order_grads`); None, the compiler's reductions.
     """
 
     model: ModelConfig
@@ -103,6 +107,7 @@ class StepConfig:
     share_prefix: bool = False
     prefix: int = 0
     old_logprobs: str = "recompute"
+    fixed_order_mesh: Any = None
 
     def micro_batches(self, rows: int) -> int:
         """How many micro-batches a batch of ``rows`` rows is split into (1: none)."""
@@ -375,6 +380,44 @@ def _preference(o, logp_BS, logp_ref_BS, mask_BS, rewards_MG):
     return loss, metrics
 
 
+def _fixed_order_grads(params, batch: TrainBatch, objective, config: StepConfig):
+    """``(loss, metrics, grads)`` with the gradient summed over the mesh's row shards in a fixed
+    order, whatever the devices' layout over processes.
+
+    Each device computes its rows' log-probs with the whole parameters (gathered: an all-gather
+    moves bits, it does not round), the objective's cotangent ``∂L/∂ℓ`` is taken over the whole
+    batch, and each device then computes its rows' gradient ``Σ g ∇θ ℓ``; the row shards'
+    gradients are all-gathered and summed in shard order on every device. A psum's order is the
+    collective's (XLA:CPU's in one process, gloo's across processes: they differ for more than
+    two devices); this sum's is the program's, so 1 process × 4 devices, 2 × 2 and 4 × 1 give the
+    same bits. It costs a second forward pass and the whole gradient on every device.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    from runtime.trainer.mesh import ROWS
+
+    mesh = config.fixed_order_mesh
+    rows, whole = P(ROWS), P()
+
+    def local_logprobs(p, tokens_bT, attention_bT):
+        return _token_logprobs(p, tokens_bT, attention_bT, config)
+
+    logp_BS, entropy_BS = jax.shard_map(
+        local_logprobs, mesh=mesh, in_specs=(whole, rows, rows), out_specs=(rows, rows), check_vma=False,
+    )(sg(params), batch.tokens_BT, batch.attention_BT)
+    (loss, metrics), cotangent_BS = jax.value_and_grad(objective, has_aux=True)(logp_BS, entropy_BS)
+
+    def local_grads(p, tokens_bT, attention_bT, cotangent_bS):
+        _, vjp = jax.vjp(lambda q: _token_logprobs(q, tokens_bT, attention_bT, config)[0], p)
+        (g,) = vjp(cotangent_bS)
+        return jax.tree.map(lambda x: jnp.sum(jax.lax.all_gather(x, ROWS), axis=0), g)
+
+    grads = jax.shard_map(
+        local_grads, mesh=mesh, in_specs=(whole, rows, rows, rows), out_specs=whole, check_vma=False,
+    )(params, batch.tokens_BT, batch.attention_BT, cotangent_BS)
+    return loss, metrics, grads
+
+
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("params", "opt_state"))
 def train_step(
     params, opt_state, batch: TrainBatch, logp_old_BS, logp_ref_BS, current_B, *, config: StepConfig
@@ -423,7 +466,9 @@ def train_step(
         return loss, metrics
 
     n = config.micro_batches(batch.size)
-    if n == 1:
+    if config.fixed_order_mesh is not None:
+        loss, metrics, grads = _fixed_order_grads(params, batch, objective, config)
+    elif n == 1:
         def loss_fn(p):
             return objective(*_token_logprobs(p, batch.tokens_BT, batch.attention_BT, config))
 

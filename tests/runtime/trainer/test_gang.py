@@ -49,6 +49,7 @@ def test_a_gang_is_configured_with_one_line_errors():
         (["workers.trainer_processes=2", "trainer.mesh={fsdp=3}"], "a multiple of 2"),
         (["workers.trainer_processes=2"], "trainer.mesh={fsdp=2}"),
         (["workers.trainer_processes=0"], ">= 1"),
+        (["trainer.mesh={fsdp=2,model=2}", "trainer.deterministic_reduction=true"], "model=1"),
         (["workers.trainer_processes=1000", "trainer.mesh={fsdp=1000}"], "<= 64"),
     ):
         with pytest.raises(ConfigError) as e:
@@ -186,3 +187,67 @@ def test_a_gang_gives_the_bits_of_one_process_and_survives_losing_a_rank(tmp_pat
     assert [j.worker_id for j in joins] == ["trainer-0.1", "trainer-0.2"]  # only rank 0 joins
     fingerprint = joins[0].info["fingerprint"]
     assert (fingerprint["processes"], fingerprint["devices"], fingerprint["collectives"]) == (2, 2, "gloo")
+
+
+REDUCTION_RANK = """
+    import json, sys
+    processes, rank, port, fixed = (int(a) for a in sys.argv[1:5])
+    if processes > 1:
+        from runtime.trainer.gang import Gang, GangSpec
+        Gang.join(GangSpec(rank, processes, f"127.0.0.1:{port}"))
+    import jax, numpy as np
+    from kernels.algorithms import configure
+    from runtime.config import MeshShape
+    from runtime.model import ModelConfig, init_params
+    from runtime.params.digest import params_digest
+    from runtime.trainer import Sample, StepConfig, make_optimizer, pack, train_step
+    from runtime.trainer.mesh import make_mesh, shard_rows, shard_tree
+    from jax.experimental import multihost_utils
+
+    model = ModelConfig(vocab_size=29, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                        intermediate_size=48, initializer_range=0.3)
+    rng = np.random.default_rng(0)
+    samples = [Sample(np.int32([1, 5 + i // 4, 7]), np.int32(rng.integers(3, 29, 1 + i % 4)),
+                      np.float32(-np.ones(1 + i % 4)), float(i % 3 == 0), 0) for i in range(16)]
+    batch = pack(samples, group_size=4, width=8, pad_id=0)
+    mesh = make_mesh(MeshShape(fsdp=jax.device_count()))
+    config = StepConfig(model=model, objective=configure("reinforce"), learning_rate=1e-2, group_size=4,
+                        fixed_order_mesh=mesh if fixed else None)
+    params = shard_tree(mesh, init_params(model, key=jax.random.key(0)))
+    opt = make_optimizer(config).init(params)
+    b, z, c = shard_rows(mesh, (batch, np.zeros(batch.mask_BS.shape, np.float32), np.ones((16,), bool)))
+    for _ in range(3):
+        params, opt, metrics = train_step(params, opt, b, z, z, c, config=config)
+        params, opt = shard_tree(mesh, params), shard_tree(mesh, opt)
+    whole = jax.tree.map(np.asarray, multihost_utils.process_allgather(params, tiled=True))
+    print(json.dumps({"digest": params_digest(whole), "loss": float(metrics["loss"]),
+                      "sample": [float(x) for x in np.ravel(whole["layers_0"]["mlp"]["down_proj"]["kernel"])[:64]]}),
+          flush=True)
+    if processes > 1:
+        jax.distributed.shutdown()
+"""
+
+
+def _layout(processes: int, devices: int, fixed: bool) -> dict:
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(REDUCTION_RANK), str(processes), str(rank),
+                               str(port), str(int(fixed))], cwd=ROOT, env=_env(devices),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(processes)]
+    outs = [proc.communicate(timeout=600) for proc in procs]
+    for proc, (_, stderr) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_deterministic_reduction_gives_the_same_bits_on_every_layout_of_four_devices():
+    """``trainer.deterministic_reduction`` (``StepConfig.fixed_order_mesh``): three steps on
+    ``fsdp=4`` as 1 process × 4 devices, 2 × 2 and 4 × 1 give the same parameters, bit for bit,
+    and the same update as the compiler's reduction to float32 rounding."""
+    fixed = [_layout(p, d, True) for p, d in ((1, 4), (2, 2), (4, 1))]
+    assert fixed[0]["digest"] == fixed[1]["digest"] == fixed[2]["digest"]
+    plain = _layout(1, 4, False)
+    assert abs(plain["loss"] - fixed[0]["loss"]) < 1e-5
+    assert max(abs(a - b) for a, b in zip(plain["sample"], fixed[0]["sample"], strict=True)) < 1e-5
+    assert plain["sample"] != [0.0] * 64
