@@ -17,11 +17,17 @@ with the softmax computed in float32 and ``scale`` applied exactly once, to the 
 slots at or past ``n`` never contribute, whatever they hold (NaN included): they are selected away
 with ``where``, never multiplied by zero. A sequence with ``n = 0`` gets a zero output.
 
-Two implementations share this contract, chosen by ``impl=``:
+Three implementations share this contract, chosen by ``impl=``:
 
 - ``"reference"``: gathers each sequence's pages and runs dense masked attention in ``jnp``. The
-  oracle, and the default on CPU. A row's result depends only on that row's inputs at a fixed
-  ``[B, pages_per_seq]`` shape, which the inference engine's batch invariance relies on.
+  oracle. A row's result depends only on that row's inputs at a fixed ``[B, pages_per_seq]``
+  shape, which the inference engine's batch invariance relies on; its cost follows
+  ``pages_per_seq``, the longest sequence the engine can hold, however short the live ones are.
+- ``"live"``: the Pallas kernel's online softmax in ``jnp``, one logical page at a time over the
+  pages of the longest live sequence only (a loop whose trip count is computed from
+  ``lengths_B``, so one compiled program serves every length): its cost follows the longest live
+  sequence. A row's state changes only on its own pages, in page order, so its result does not
+  depend on the other rows' lengths (batch invariance). One page gives the reference's bits.
 - ``"pallas"``: a Pallas TPU kernel (``pallas_interpret`` runs the same kernel in interpret mode,
   which is how it is tested on CPU). Lengths and page indices are scalar-prefetched; the BlockSpec
   index map picks the physical page, so no gathered copy of the cache is materialised. The grid is
@@ -37,7 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-IMPLS = ("reference", "pallas", "pallas_interpret")
+IMPLS = ("reference", "live", "pallas", "pallas_interpret")
 
 
 def paged_attention(
@@ -66,6 +72,10 @@ def paged_attention(
     """
     if impl == "reference":
         return paged_attention_reference(
+            q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP, scale=scale
+        )
+    if impl == "live":
+        return paged_attention_live(
             q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP, scale=scale
         )
     if impl in ("pallas", "pallas_interpret"):
@@ -135,6 +145,65 @@ def paged_attention_reference(
         preferred_element_type=jnp.float32,
     )
     out_BKGD = out_BKGD / jnp.where(denom_BKG1 > 0, denom_BKG1, 1.0)
+    return out_BKGD.reshape(B, H, D).astype(q_BHD.dtype)
+
+
+def paged_attention_live(
+    q_BHD: jax.Array,
+    k_pages_KNSD: jax.Array,
+    v_pages_KNSD: jax.Array,
+    lengths_B: jax.Array,
+    page_indices_BP: jax.Array,
+    *,
+    scale: float,
+) -> jax.Array:
+    """Pure ``jnp`` paged attention over the live pages: an online softmax, page by page."""
+    _check_shapes(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
+    B, H, D = q_BHD.shape
+    K, _, S, _ = k_pages_KNSD.shape
+    P = page_indices_BP.shape[1]
+    G = H // K
+    q_BKGD = q_BHD.reshape(B, K, G, D)
+    lengths_B = lengths_B.astype(jnp.int32)
+    live_pages = jnp.minimum((jnp.max(lengths_B) + S - 1) // S, P)
+
+    def page(p, state):
+        max_BKG1, denom_BKG1, acc_BKGD = state
+        pages_B = page_indices_BP[:, p]
+        k_BKSD = jnp.moveaxis(k_pages_KNSD[:, pages_B], 0, 1)
+        v_BKSD = jnp.moveaxis(v_pages_KNSD[:, pages_B], 0, 1)
+        valid_BS = p * S + jnp.arange(S)[None, :] < lengths_B[:, None]
+        valid_BKGS = valid_BS[:, None, None, :]
+        scores_BKGS = jnp.einsum(
+            "bkgd,bksd->bkgs", q_BKGD, k_BKSD, preferred_element_type=jnp.float32
+        ) * jnp.float32(scale)
+        scores_BKGS = jnp.where(valid_BKGS, scores_BKGS, -jnp.inf)
+        new_max_BKG1 = jnp.maximum(max_BKG1, jnp.max(scores_BKGS, axis=-1, keepdims=True))
+        # Rows with no valid slot on this page keep their state (selected below): their new
+        # maximum may be -inf, and -inf - -inf is NaN.
+        live_B1111 = (p * S < lengths_B)[:, None, None, None]
+        new_max_BKG1 = jnp.where(live_B1111, new_max_BKG1, 0.0)
+        rescale_BKG1 = jnp.exp(max_BKG1 - new_max_BKG1)
+        weights_BKGS = jnp.where(valid_BKGS, jnp.exp(scores_BKGS - new_max_BKG1), 0.0)
+        v_BKSD = jnp.where(valid_BS[:, None, :, None], v_BKSD, jnp.zeros((), v_BKSD.dtype))
+        denom = rescale_BKG1 * denom_BKG1 + jnp.sum(weights_BKGS, axis=-1, keepdims=True)
+        acc = rescale_BKG1 * acc_BKGD + jnp.einsum(
+            "bkgs,bksd->bkgd", weights_BKGS, v_BKSD.astype(jnp.float32),
+            preferred_element_type=jnp.float32,
+        )
+        return (
+            jnp.where(live_B1111, new_max_BKG1, max_BKG1),
+            jnp.where(live_B1111, denom, denom_BKG1),
+            jnp.where(live_B1111, acc, acc_BKGD),
+        )
+
+    state = (
+        jnp.full((B, K, G, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((B, K, G, 1), jnp.float32),
+        jnp.zeros((B, K, G, D), jnp.float32),
+    )
+    _, denom_BKG1, acc_BKGD = jax.lax.fori_loop(0, live_pages, page, state)
+    out_BKGD = acc_BKGD / jnp.where(denom_BKG1 > 0, denom_BKG1, 1.0)
     return out_BKGD.reshape(B, H, D).astype(q_BHD.dtype)
 
 

@@ -435,6 +435,7 @@ class TrainerConfig(Section):
         self._at_least("logits_chunk", 0)
 
 
+ATTENTIONS = ("live", "reference", "pallas")
 MAX_TRAINER_PROCESSES = 64  # one host's worth of ranks for the local launcher
 PROCESSES = "processes"
 THREADS = "threads"
@@ -450,7 +451,11 @@ class WorkersConfig(Section):
     up), the tokens per page of its KV cache (``page_size``), and after how many seconds
     without a heartbeat a lease is given up. ``trainer_processes``: P > 1 runs the trainer as a
     gang of P processes joined with ``jax.distributed`` (``runtime.trainer.gang``; processes
-    mode, with a ``trainer.mesh`` over every device of the gang)."""
+    mode, with a ``trainer.mesh`` over every device of the gang). ``attention``: the engine's
+    decode attention (``kernels.paged_attention``): ``"live"`` reads only the pages of the
+    longest live sequence, ``"reference"`` every page a sequence could hold, ``"pallas"`` the
+    TPU kernel; unset, a new run resolves it to ``"pallas"`` on TPU and ``"live"`` elsewhere, and a
+    run logged before it existed reads as ``"reference"``."""
 
     NAME = "workers"
     mode: str = PROCESSES
@@ -461,6 +466,7 @@ class WorkersConfig(Section):
     verifiers: int = 1
     lease_timeout_s: float = 120.0
     trainer_processes: int = 1
+    attention: str | None = None
 
     def check(self) -> None:
         self._choice("mode", [PROCESSES, THREADS])
@@ -470,6 +476,8 @@ class WorkersConfig(Section):
         self._at_least("page_size", 1)
         self._at_least("verifiers", 1)
         self._at_least("trainer_processes", 1)
+        if self.attention is not None:
+            self._choice("attention", ATTENTIONS)
         if self.trainer_processes > MAX_TRAINER_PROCESSES:
             raise _fail("workers.trainer_processes", self.trainer_processes,
                         f"it must be <= {MAX_TRAINER_PROCESSES}")
@@ -686,8 +694,8 @@ class Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
         ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` and
         ``data.chat_template_digest`` when given, ``params.keep_newest`` at least
-        ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, ``trainer.shared_prefix`` and
-        ``trainer.old_logprobs``."""
+        ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, ``trainer.shared_prefix``,
+        ``trainer.old_logprobs`` and ``workers.attention``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
@@ -711,9 +719,15 @@ class Config:
             trainer = dataclasses.replace(
                 trainer, old_logprobs="behaviour" if self.model.dtype == "float32" else "recompute"
             )
+        workers = self.workers
+        if workers.attention is None:
+            import jax
+
+            workers = dataclasses.replace(workers, attention="pallas" if jax.default_backend() == "tpu" else "live")
         return dataclasses.replace(
             self,
             trainer=trainer,
+            workers=workers,
             scheduling=dataclasses.replace(s, filter_groups=filter_groups, max_groups_per_batch=cap),
             data=data,
             params=params,

@@ -81,12 +81,14 @@ class EngineShape:
       page_size: tokens per KV cache page.
       pages_per_seq: pages one sequence of ``width`` tokens needs.
       buckets: prompt lengths prefill is compiled for.
+      attention: the decode attention (``kernels.paged_attention.IMPLS``).
     """
 
     slots: int
     page_size: int
     pages_per_seq: int
     buckets: tuple[int, ...]
+    attention: str = "reference"
 
     @classmethod
     def for_run(cls, config: Config, width: int) -> EngineShape:
@@ -95,14 +97,15 @@ class EngineShape:
         w = config.workers
         page_size = w.page_size
         longest_prompt = width - config.max_tokens
-        return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (longest_prompt,))
+        return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (longest_prompt,),
+                   w.attention or "reference")
 
     @classmethod
     def recorded(cls, shape: Mapping[str, Any]) -> EngineShape:
         """The shape an inference worker recorded when it joined (``Engine.batch_shape``)."""
         page_size = int(shape["page_size"])
         return cls(int(shape["max_slots"]), page_size, int(shape["max_seq_len"]) // page_size,
-                   tuple(int(b) for b in shape["prefill_buckets"]))
+                   tuple(int(b) for b in shape["prefill_buckets"]), str(shape.get("attention_impl", "reference")))
 
     def build(self, model):
         """A new engine of this shape for ``model``."""
@@ -110,7 +113,8 @@ class EngineShape:
 
         return Engine(model, max_slots=self.slots, page_size=self.page_size,
                       num_pages=self.slots * self.pages_per_seq + 1,
-                      max_seq_len=self.pages_per_seq * self.page_size, prefill_buckets=self.buckets)
+                      max_seq_len=self.pages_per_seq * self.page_size, prefill_buckets=self.buckets,
+                      attention_impl=self.attention)
 
 
 @dataclasses.dataclass
@@ -319,18 +323,28 @@ def trainer_mesh(config: Config):
         raise UsageError(str(e)) from None
 
 
-def make_trainer(session: Session, store, worker_id: str, *, gang=None):
+def make_trainer(session: Session, store, worker_id: str, *, gang=None, replay: bool = False):
     """The run's ``StepTrainer`` on ``store``: the step, batch shape and parents kept its config
     says, on the ``trainer.mesh`` (summing gradients in a fixed order with
-    ``trainer.deterministic_reduction``), as one rank of ``gang`` if given."""
+    ``trainer.deterministic_reduction``), as one rank of ``gang`` if given. A trainer that is not
+    the gang ``workers.trainer_processes`` asks for is a one-line error, except in a ``replay``,
+    which retrains in one process (with the gang's device count, the same bits)."""
     from runtime.trainer.gang import check_devices
     from runtime.workers import StepTrainer
 
     config = session.config
+    processes = config.workers.trainer_processes
+    if not replay and (1 if gang is None else gang.size) != processes:
+        raise UsageError(
+            f"this run trains with a gang of workers.trainer_processes={processes} processes but this trainer is "
+            f"{'one process' if gang is None else f'a gang of {gang.size}'}: start each rank as "
+            f"rlx worker trainer --gang RANK/{processes} --coordinator HOST:PORT" if processes > 1 else
+            f"this run trains in one process (workers.trainer_processes=1) but this trainer is a gang of {gang.size}"
+        )
     mesh = trainer_mesh(config)
     check_devices(gang, 1 if mesh is None else mesh.size)
     step = session.step_config
-    if mesh is not None and config.trainer.deterministic_reduction:
+    if config.trainer.deterministic_reduction and mesh is not None:
         step = dataclasses.replace(step, fixed_order_mesh=mesh)
     return StepTrainer(worker_id, session.model, session.task, session.codec, store, step,
                        group_size=config.sampling.group_size, width=session.width,

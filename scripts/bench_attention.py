@@ -3,8 +3,12 @@
 Usage: python scripts/bench_attention.py [--repeats N] [--pallas-interpret]
 
 Throughput: jitted decode attention (one query per sequence, grouped-query heads) of the jnp
-reference and, for comparison, dense attention over the same keys/values stored contiguously
-(no page gather). The Pallas kernel only runs in interpret mode off TPU, which measures the
+reference, of the live-page form (``impl="live"``: page by page over the longest live sequence's
+pages) and, for comparison, dense attention over the same keys/values stored contiguously (no
+page gather). Lengths are uniform up to the maximum; ``*_short_ms`` times the same batch with every
+sequence at most an eighth of the maximum (early in generation), where the reference still reads
+every page a sequence could hold and the live form only the live ones: ``live_speedup_short`` is
+the reference's time over the live form's there. The Pallas kernel only runs in interpret mode off TPU, which measures the
 interpreter, not the kernel; ``--pallas-interpret`` times it at the smallest size anyway.
 
 Memory: a batch of 64 sequences with mixed lengths (uniform in [16, 1024]) cached in pages of
@@ -71,6 +75,11 @@ def bench_throughput(repeats: int, pallas_interpret: bool) -> list[dict]:
         scale = D**-0.5
         ref = jax.jit(functools.partial(paged_attention, scale=scale))
         t_ref = _time(ref, q, k_pages, v_pages, lengths, table, repeats=repeats)
+        live = jax.jit(functools.partial(paged_attention, scale=scale, impl="live"))
+        t_live = _time(live, q, k_pages, v_pages, lengths, table, repeats=repeats)
+        short = jnp.asarray(np.random.default_rng(i).integers(1, P * S // 8 + 1, B), jnp.int32)
+        t_ref_short = _time(ref, q, k_pages, v_pages, short, table, repeats=repeats)
+        t_live_short = _time(live, q, k_pages, v_pages, short, table, repeats=repeats)
         k_dense = jnp.moveaxis(k_pages[:, table], 0, 3).reshape(B, P * S, K, D)
         v_dense = jnp.moveaxis(v_pages[:, table], 0, 3).reshape(B, P * S, K, D)
         dense = jax.jit(functools.partial(_dense_decode, scale=scale))
@@ -85,6 +94,10 @@ def bench_throughput(repeats: int, pallas_interpret: bool) -> list[dict]:
             "mean_len": float(np.mean(np.asarray(lengths))),
             "reference_ms": 1e3 * t_ref,
             "reference_queries_s": B / t_ref,
+            "live_ms": 1e3 * t_live,
+            "reference_short_ms": 1e3 * t_ref_short,
+            "live_short_ms": 1e3 * t_live_short,
+            "live_speedup_short": t_ref_short / t_live_short,
             "dense_contiguous_ms": 1e3 * t_dense,
             "dense_contiguous_queries_s": B / t_dense,
         }

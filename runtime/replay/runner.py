@@ -211,7 +211,7 @@ class _Rerun:
         self.session = session
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
-        self.trainer = make_trainer(session, self.store, "replay-trainer")
+        self.trainer = make_trainer(session, self.store, "replay-trainer", replay=True)
         self.sampler = None if not sample else EngineWorker(
             "replay-inference", session.engine, session.task, session.codec,
             lambda v: (self.store.get(v), self.store.digest(v)))

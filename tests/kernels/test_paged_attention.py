@@ -159,3 +159,45 @@ def test_bad_arguments_are_named():
         paged_attention(q, k_pages, v_pages, lengths, table, scale=SCALE, impl="triton")
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         paged_attention(q[:, :3], k_pages, v_pages, lengths, table, scale=SCALE)
+
+
+_jitted_live = jax.jit(lambda *a: paged_attention(*a, scale=SCALE, impl="live"))
+
+
+def test_live_pages_match_the_oracle_at_edge_lengths_with_nan_in_unused_slots():
+    q, k_seq, v_seq, k_pages, v_pages, lengths, table = make_case(8, EDGE_LENGTHS, fill=np.nan)
+    out = np.asarray(_jitted_live(q, k_pages, v_pages, lengths, table))
+    assert np.isfinite(out).all() and (out[0] == 0).all()
+    np.testing.assert_allclose(out, oracle(q, k_seq, v_seq, lengths, SCALE), atol=2e-6, rtol=0)
+
+
+@given(
+    lengths=st.lists(st.integers(0, P * S), min_size=4, max_size=4),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_live_pages_match_the_oracle_on_random_tables(lengths, seed):
+    q, k_seq, v_seq, k_pages, v_pages, lengths, table = make_case(seed, lengths, fill=np.nan)
+    out = np.asarray(_jitted_live(q, k_pages, v_pages, lengths, table))
+    np.testing.assert_allclose(out, oracle(q, k_seq, v_seq, lengths, SCALE), atol=2e-6, rtol=0)
+
+
+def test_a_live_row_depends_only_on_its_own_pages_whatever_the_longest_live_sequence():
+    """The loop runs over the longest live sequence's pages: a row's bits are the same when a
+    neighbour makes it run one, two or three pages, and when its slot moves."""
+    q, _, _, k_pages, v_pages, lengths, table = make_case(9, (3, 12, 5, 1))
+    base = np.asarray(_jitted_live(q, k_pages, v_pages, lengths, table))
+    for longest in (0, 4, 8):  # the second row shorter: the loop stops after 1, 1 or 2 pages
+        others = lengths.copy()
+        others[1] = longest
+        got = np.asarray(_jitted_live(q, k_pages, v_pages, others, table))
+        np.testing.assert_array_equal(got[[0, 2, 3]], base[[0, 2, 3]])
+    order = np.array([2, 0, 3, 1])
+    moved = np.asarray(_jitted_live(q[order], k_pages, v_pages, lengths[order], table[order]))
+    np.testing.assert_array_equal(moved, base[order])
+
+
+def test_live_pages_on_one_page_give_the_reference_bits():
+    q, _, _, k_pages, v_pages, lengths, table = make_case(10, (1, 2, 3, S))
+    live = np.asarray(_jitted_live(q, k_pages, v_pages, lengths, table[:, :1]))
+    reference = np.asarray(_jitted_reference(q, k_pages, v_pages, lengths, table[:, :1]))
+    np.testing.assert_array_equal(live, reference)

@@ -251,3 +251,17 @@ def test_the_deterministic_reduction_gives_the_same_bits_on_every_layout_of_four
     assert abs(plain["loss"] - fixed[0]["loss"]) < 1e-5
     assert max(abs(a - b) for a, b in zip(plain["sample"], fixed[0]["sample"], strict=True)) < 1e-5
     assert plain["sample"] != [0.0] * 64
+
+
+def test_a_trainer_that_is_not_the_configured_gang_is_refused_in_one_line():
+    import types
+
+    from runtime.session import make_trainer
+
+    gang_run = types.SimpleNamespace(config=load_config(None, ["workers.trainer_processes=2", "trainer.mesh={fsdp=2}"]))
+    with pytest.raises(UsageError) as e:
+        make_trainer(gang_run, None, "t")  # an rlx worker trainer started without --gang
+    assert "--gang RANK/2 --coordinator HOST:PORT" in str(e.value) and "\n" not in str(e.value)
+    one = types.SimpleNamespace(config=load_config(None, []), gang=None)
+    with pytest.raises(UsageError, match="trains in one process"):
+        make_trainer(one, None, "t", gang=types.SimpleNamespace(size=2))
