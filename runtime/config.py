@@ -435,7 +435,7 @@ class TrainerConfig(Section):
         self._at_least("logits_chunk", 0)
 
 
-ATTENTIONS = ("live", "reference", "pallas")
+ATTENTIONS = ("auto", "live", "reference", "pallas")
 MAX_TRAINER_PROCESSES = 64  # one host's worth of ranks for the local launcher
 PROCESSES = "processes"
 THREADS = "threads"
@@ -454,8 +454,9 @@ class WorkersConfig(Section):
     mode, with a ``trainer.mesh`` over every device of the gang). ``attention``: the engine's
     decode attention (``kernels.paged_attention``): ``"live"`` reads only the pages of the
     longest live sequence, ``"reference"`` every page a sequence could hold, ``"pallas"`` the
-    TPU kernel; unset, a new run resolves it to ``"pallas"`` on TPU and ``"live"`` elsewhere, and a
-    run logged before it existed reads as ``"reference"``."""
+    TPU kernel, ``"auto"`` the Pallas kernel where the inference worker's backend is a TPU and
+    ``"live"`` elsewhere (each worker records the one it runs); unset, a new run resolves it to
+    ``"auto"``, and a run logged before it existed reads as ``"reference"``."""
 
     NAME = "workers"
     mode: str = PROCESSES
@@ -720,10 +721,8 @@ class Config:
                 trainer, old_logprobs="behaviour" if self.model.dtype == "float32" else "recompute"
             )
         workers = self.workers
-        if workers.attention is None:
-            import jax
-
-            workers = dataclasses.replace(workers, attention="pallas" if jax.default_backend() == "tpu" else "live")
+        if workers.attention is None:  # the backend is the inference worker's: settled where it runs
+            workers = dataclasses.replace(workers, attention="auto")
         return dataclasses.replace(
             self,
             trainer=trainer,

@@ -93,12 +93,18 @@ class EngineShape:
     @classmethod
     def for_run(cls, config: Config, width: int) -> EngineShape:
         """The shape for sequences of ``width`` tokens (prompt and completion) under ``config``:
-        one prefill bucket of exactly the longest prompt, so no prompt is padded past it."""
+        one prefill bucket of exactly the longest prompt, so no prompt is padded past it; the
+        decode attention ``workers.attention`` names, ``auto`` settled for this process's backend."""
         w = config.workers
         page_size = w.page_size
         longest_prompt = width - config.max_tokens
+        attention = w.attention or "reference"
+        if attention == "auto":
+            import jax
+
+            attention = "pallas" if jax.default_backend() == "tpu" else "live"
         return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (longest_prompt,),
-                   w.attention or "reference")
+                   attention)
 
     @classmethod
     def recorded(cls, shape: Mapping[str, Any]) -> EngineShape:
