@@ -81,9 +81,10 @@ def parse_layout(text: str) -> tuple[int, int, bool]:
     """``N`` → (1 process, N devices, False); ``PxD`` → (P processes, D devices each, False); a
     trailing ``d``: the fixed-order reduction (True)."""
     fixed = text.endswith("d")
-    processes, sep, devices = text.removesuffix("d").partition("x")
+    body = text.removesuffix("d")
+    processes, sep, devices = body.partition("x")
     if not sep:
-        processes, devices = "1", text
+        processes, devices = "1", body
     if not (processes.isdigit() and devices.isdigit()) or not 1 <= int(processes) * int(devices) <= 64 \
             or int(processes) < 1 or int(devices) < 1:
         raise ValueError(f"layout {text!r}: write N (devices of one process) or PxD (P processes × D devices), "
