@@ -133,11 +133,13 @@ def test_the_rules_place_every_parameter_and_the_sharded_step_matches_the_unshar
 
 
 @pytest.mark.slow
-def test_a_run_on_a_mesh_survives_a_kill_and_replays_bit_exactly(tmp_path):
-    """Two CPU devices, ``trainer.mesh={fsdp=2}``: a run killed in its second train step and
-    resumed ends with the uninterrupted run's digest, which replays bit-exactly, and
-    ``RunStarted`` records the mesh and the device count."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+@pytest.mark.parametrize("devices, mesh", [(2, {"fsdp": 2}), (4, {"data": 2, "model": 2})])
+def test_a_run_on_a_mesh_survives_a_kill_and_replays_bit_exactly(tmp_path, devices, mesh):
+    """Two CPU devices with ``trainer.mesh={fsdp=2}``, four with ``{data=2,model=2}``: a run
+    killed in its second train step and resumed ends with the uninterrupted run's digest, which
+    replays bit-exactly, and ``RunStarted`` records the mesh and the device count."""
+    table = "{" + ",".join(f"{axis}={n}" for axis, n in mesh.items()) + "}"
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
     def rlx(*argv, failpoint=None):
@@ -147,7 +149,7 @@ def test_a_run_on_a_mesh_survives_a_kill_and_replays_bit_exactly(tmp_path):
 
     def start(out, failpoint=None):
         argv = ["run", "--out", out, "--steps", "4", "--no-progress"]
-        for o in [*TINY, "workers.mode=threads", "eval.every_steps=0", "trainer.mesh={fsdp=2}",
+        for o in [*TINY, "workers.mode=threads", "eval.every_steps=0", f"trainer.mesh={table}",
                   f'pretrain.cache_dir="{tmp_path / "warm"}"']:
             argv += ["--set", o]
         return rlx(*argv, failpoint=failpoint)
@@ -167,4 +169,4 @@ def test_a_run_on_a_mesh_survives_a_kill_and_replays_bit_exactly(tmp_path):
     assert not report["fingerprint_differs"]
     with open_store(ref) as store:
         first = next(iter(store.read("run"))).event
-    assert first.config["trainer"]["mesh"] == {"fsdp": 2} and first.fingerprint["devices"] == 2
+    assert first.config["trainer"]["mesh"] == mesh and first.fingerprint["devices"] == devices
