@@ -435,6 +435,26 @@ class TrainerConfig(Section):
         self._at_least("logits_chunk", 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class InferenceConfig(Section):
+    """The inference engine's layout: ``mesh = {model=N}`` splits its weights (attention heads,
+    MLP units, the LM head's vocabulary) and its KV cache's kv heads over N devices of each
+    inference worker (``runtime.inference.Engine``); empty, one device. A request's tokens still
+    do not depend on its batch, but they do on the mesh (each worker records it)."""
+
+    NAME = "inference"
+    mesh: dict = dataclasses.field(default_factory=dict)
+
+    def check(self) -> None:
+        try:
+            shape = MeshShape.of(self.mesh)
+        except (TypeError, ValueError) as e:
+            raise _fail("inference.mesh", self.mesh, str(e)) from None
+        if shape.data > 1 or shape.fsdp > 1:
+            raise _fail("inference.mesh", self.mesh, "the engine splits over model only (data and fsdp are the "
+                                                    "trainer's axes): write inference.mesh={model=N}")
+
+
 ATTENTIONS = ("auto", "live", "reference", "pallas")
 MAX_TRAINER_PROCESSES = 64  # one host's worth of ranks for the local launcher
 PROCESSES = "processes"
@@ -590,8 +610,8 @@ class LogConfig(Section):
 SECTIONS: dict[str, type[Section]] = {
     cls.NAME: cls
     for cls in (RunConfig, ModelConfig, PretrainConfig, DataConfig, SamplingConfig, AlgorithmConfig,
-                SchedulingConfig, TrainerConfig, WorkersConfig, VerifierConfig, LedgerConfig, ParamsConfig,
-                EvalConfig, LogConfig)
+                SchedulingConfig, TrainerConfig, InferenceConfig, WorkersConfig, VerifierConfig, LedgerConfig,
+                ParamsConfig, EvalConfig, LogConfig)
 }
 
 
@@ -616,6 +636,7 @@ class Config:
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
     scheduling: SchedulingConfig = dataclasses.field(default_factory=SchedulingConfig)
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    inference: InferenceConfig = dataclasses.field(default_factory=InferenceConfig)
     workers: WorkersConfig = dataclasses.field(default_factory=WorkersConfig)
     verifier: VerifierConfig = dataclasses.field(default_factory=VerifierConfig)
     ledger: LedgerConfig = dataclasses.field(default_factory=LedgerConfig)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.config import Config
+from runtime.config import Config, MeshShape
 from runtime.errors import UsageError
 
 Log = Callable[[str], None]
@@ -82,6 +82,7 @@ class EngineShape:
       pages_per_seq: pages one sequence of ``width`` tokens needs.
       buckets: prompt lengths prefill is compiled for.
       attention: the decode attention (``kernels.paged_attention.IMPLS``).
+      model_devices: devices the engine's ``model`` axis splits it over (1: one device).
     """
 
     slots: int
@@ -89,6 +90,7 @@ class EngineShape:
     pages_per_seq: int
     buckets: tuple[int, ...]
     attention: str = "reference"
+    model_devices: int = 1
 
     @classmethod
     def for_run(cls, config: Config, width: int) -> EngineShape:
@@ -104,20 +106,26 @@ class EngineShape:
 
             attention = "pallas" if jax.default_backend() == "tpu" else "live"
         return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (longest_prompt,),
-                   attention)
+                   attention, MeshShape.of(config.inference.mesh).model)
 
     @classmethod
     def recorded(cls, shape: Mapping[str, Any]) -> EngineShape:
         """The shape an inference worker recorded when it joined (``Engine.batch_shape``)."""
         page_size = int(shape["page_size"])
         return cls(int(shape["max_slots"]), page_size, int(shape["max_seq_len"]) // page_size,
-                   tuple(int(b) for b in shape["prefill_buckets"]), str(shape.get("attention_impl", "reference")))
+                   tuple(int(b) for b in shape["prefill_buckets"]), str(shape.get("attention_impl", "reference")),
+                   int(shape.get("mesh", {}).get("model", 1)))
 
     def build(self, model):
         """A new engine of this shape for ``model``."""
         from runtime.inference import Engine
+        from runtime.trainer.mesh import make_mesh
 
-        return Engine(model, max_slots=self.slots, page_size=self.page_size,
+        try:
+            mesh = make_mesh(MeshShape(model=self.model_devices))
+        except ValueError as e:
+            raise UsageError(str(e).replace("trainer.mesh", "inference.mesh")) from None
+        return Engine(model, mesh=mesh, max_slots=self.slots, page_size=self.page_size,
                       num_pages=self.slots * self.pages_per_seq + 1,
                       max_seq_len=self.pages_per_seq * self.page_size, prefill_buckets=self.buckets,
                       attention_impl=self.attention)
@@ -320,7 +328,6 @@ def step_config(config: Config, model):
 def trainer_mesh(config: Config):
     """The trainer's device mesh for ``trainer.mesh`` (None: one device); a mesh larger than
     this process's devices is a one-line error."""
-    from runtime.config import MeshShape
     from runtime.trainer.mesh import make_mesh
 
     try:

@@ -58,8 +58,11 @@ def default_buckets(max_prompt_len: int) -> tuple[int, ...]:
     return tuple(buckets)
 
 
-def _shape_of(tree):
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+def _shape_of(tree, *, sharded: bool = False):
+    """The shapes and dtypes of ``tree`` (with each leaf's sharding when ``sharded``)."""
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if sharded else None), tree
+    )
 
 
 def compute_params(params: dict, config) -> dict:
@@ -96,6 +99,12 @@ class Engine:
         fixed shape, whose unused rows are empty. More rows amortise a call when many requests
         arrive at once; fewer cost less when they trickle in one by one.
       attention_impl: paged attention implementation (``kernels.paged_attention.IMPLS``).
+      mesh: a ``jax.sharding.Mesh`` whose ``model`` axis splits the weights (attention heads, MLP
+        units, the LM head's vocabulary; ``runtime.trainer.mesh.param_spec``) and the KV cache's
+        kv heads (when the axis divides them) over its devices, one SPMD program per call; None,
+        one device. Rows never mix, so a request's bits still do not depend on its batch; they
+        do depend on the mesh (the row-parallel sums split differently), which ``batch_shape``
+        records.
       decode_steps: most decode steps per device call (see the module docstring). More save host
         round trips; fewer waste less of a slot whose request stops early on a stop token.
     """
@@ -112,6 +121,7 @@ class Engine:
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         attention_impl: str = "reference",
         decode_steps: int = DEFAULT_DECODE_STEPS,
+        mesh=None,
     ):
         self.config = model.config
         self.max_slots = _positive_int("max_slots", max_slots)
@@ -142,9 +152,10 @@ class Engine:
             )
         self.attention_impl = attention_impl
         self.decode_steps = _positive_int("decode_steps", decode_steps)
+        self.mesh = mesh
         self._given_shape = _shape_of(model.params)
-        self._params = jax.device_put(compute_params(model.params, self.config))
-        self._params_shape = _shape_of(self._params)
+        self._params = self._place(compute_params(model.params, self.config))
+        self._params_shape = _shape_of(self._params, sharded=mesh is not None)
         self._compile()
         self._reset_buffers()
         self.last_stats: GenerateStats | None = None
@@ -166,7 +177,32 @@ class Engine:
             "prefill_tokens": self.prefill_tokens,
             "attention_impl": self.attention_impl,
             "decode_steps": self.decode_steps,
+            **({"mesh": {"model": self.mesh.shape["model"]}} if self.mesh is not None else {}),
         }
+
+    # -- placement on the mesh --------------------------------------------------------------
+
+    def _place(self, params: dict) -> dict:
+        if self.mesh is None:
+            return jax.device_put(params)
+        from runtime.trainer.mesh import shard_tree
+
+        return shard_tree(self.mesh, params)
+
+    def _sharding(self, spec=None):
+        """A ``NamedSharding`` of the engine's mesh (replicated by default); None without one."""
+        if self.mesh is None:
+            return None
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        return NamedSharding(self.mesh, spec if spec is not None else PartitionSpec())
+
+    def _cache_sharding(self):
+        """The KV pages split by kv head over ``model`` when it divides them, else replicated."""
+        from jax.sharding import PartitionSpec
+
+        model = self.mesh.shape["model"] if self.mesh is not None else 1
+        return self._sharding(PartitionSpec("model") if self.config.num_kv_heads % model == 0 else None)
 
     # -- device programs -------------------------------------------------------------------
 
@@ -179,24 +215,32 @@ class Engine:
                 )
             )
         )
-        logits = jax.ShapeDtypeStruct((S, c.vocab_size), jnp.float32)
+        whole = self._sharding()  # every other array replicated over the mesh (None: one device)
+        cache_sharding = self._cache_sharding()
+        if cache_sharding is not None:
+            cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cache_sharding), cache)
+        logits = jax.ShapeDtypeStruct((S, c.vocab_size), jnp.float32, sharding=whole)
 
         def i32(*shape):
-            return jax.ShapeDtypeStruct(shape, jnp.int32)
+            return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=whole)
 
         def f32(*shape):
-            return jax.ShapeDtypeStruct(shape, jnp.float32)
+            return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=whole)
 
-        step = jax.jit(
-            functools.partial(decode_steps, config=c, attention_impl=self.attention_impl),
-            donate_argnums=(1, 2),
-        )
+        decode = functools.partial(decode_steps, config=c, attention_impl=self.attention_impl)
+        fill = functools.partial(prefill_into_slots, config=c)
+        if whole is None:
+            step = jax.jit(decode, donate_argnums=(1, 2))
+            prefill = jax.jit(fill, donate_argnums=(5, 6))
+        else:  # the outputs keep the inputs' layouts: each call's results are the next one's inputs
+            kept = jax.tree.map(lambda x: x.sharding, cache)
+            step = jax.jit(decode, donate_argnums=(1, 2), out_shardings=(kept, whole, whole, whole))
+            prefill = jax.jit(fill, donate_argnums=(5, 6), out_shardings=(kept, whole))
         self._step = step.lower(
             self._params_shape, cache, logits, i32(S, P), i32(S), i32(S), i32(S, N),
-            jax.ShapeDtypeStruct((S, 2), jnp.uint32), i32(S),
+            jax.ShapeDtypeStruct((S, 2), jnp.uint32, sharding=whole), i32(S),
             f32(S), i32(S), f32(S), i32(),
         ).compile()
-        prefill = jax.jit(functools.partial(prefill_into_slots, config=c), donate_argnums=(5, 6))
         self._prefill = {
             T: prefill.lower(
                 self._params_shape, i32(R, T), i32(R), i32(R, P), i32(R), cache, logits
@@ -207,6 +251,9 @@ class Engine:
     def _reset_buffers(self) -> None:
         self._cache = init_cache(self.config, num_pages=self.num_pages, page_size=self.page_size)
         self._logits = jnp.zeros((self.max_slots, self.config.vocab_size), jnp.float32)
+        if self.mesh is not None:
+            self._cache = jax.device_put(self._cache, self._cache_sharding())
+            self._logits = jax.device_put(self._logits, self._sharding())
 
     def update_params(self, params: dict) -> None:
         """Generate with other weights of the same shapes and dtypes (no recompilation)."""
@@ -215,7 +262,7 @@ class Engine:
                 "the new parameters do not match the engine's model: the tree structure, shapes "
                 "and dtypes must be those the engine was built with"
             )
-        self._params = jax.device_put(compute_params(params, self.config))
+        self._params = self._place(compute_params(params, self.config))
 
     # -- requests --------------------------------------------------------------------------
 
