@@ -108,6 +108,15 @@ def _check_shapes(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
         )
 
 
+def _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP) -> tuple[int, ...]:
+    """``(B, H, D, K, S, P, G)`` of checked arguments: sequences, query heads, head dim, kv heads,
+    page size, pages per sequence, query heads per kv head."""
+    _check_shapes(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
+    B, H, D = q_BHD.shape
+    K, _, S, _ = k_pages_KNSD.shape
+    return B, H, D, K, S, page_indices_BP.shape[1], H // K
+
+
 def paged_attention_reference(
     q_BHD: jax.Array,
     k_pages_KNSD: jax.Array,
@@ -118,11 +127,7 @@ def paged_attention_reference(
     scale: float,
 ) -> jax.Array:
     """Pure ``jnp`` paged attention: gather pages, dense masked softmax in float32."""
-    _check_shapes(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
-    B, H, D = q_BHD.shape
-    K, _, S, _ = k_pages_KNSD.shape
-    P = page_indices_BP.shape[1]
-    G = H // K
+    B, H, D, K, S, P, G = _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
     # [K, B, P, S, D] -> [B, K, P*S, D]: the sequence's cached tokens in logical order.
     k_BKLD = jnp.moveaxis(k_pages_KNSD[:, page_indices_BP], 0, 1).reshape(B, K, P * S, D)
     v_BKLD = jnp.moveaxis(v_pages_KNSD[:, page_indices_BP], 0, 1).reshape(B, K, P * S, D)
@@ -158,11 +163,7 @@ def paged_attention_live(
     scale: float,
 ) -> jax.Array:
     """Pure ``jnp`` paged attention over the live pages: an online softmax, page by page."""
-    _check_shapes(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
-    B, H, D = q_BHD.shape
-    K, _, S, _ = k_pages_KNSD.shape
-    P = page_indices_BP.shape[1]
-    G = H // K
+    B, H, D, K, S, P, G = _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
     q_BKGD = q_BHD.reshape(B, K, G, D)
     lengths_B = lengths_B.astype(jnp.int32)
     live_pages = jnp.minimum((jnp.max(lengths_B) + S - 1) // S, P)
@@ -276,11 +277,7 @@ def paged_attention_pallas(
     interpret: bool = False,
 ) -> jax.Array:
     """The Pallas TPU kernel; ``interpret=True`` runs it on any backend (slow, for tests)."""
-    _check_shapes(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
-    B, H, D = q_BHD.shape
-    K, _, S, _ = k_pages_KNSD.shape
-    P = page_indices_BP.shape[1]
-    G = H // K
+    B, H, D, K, S, P, G = _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
 
     def page_map(b, k, p, lengths_ref, page_indices_ref):
         # Past the last valid page, repeat it: the block index does not change, so no page is
