@@ -163,6 +163,8 @@ class ReplayIndex:
       steps: committed train steps, ascending (step ``s`` produces version ``s``).
       retained: versions published and never retired (the parameter store must hold them).
       engine_shapes: the distinct engine batch shapes inference workers recorded when they joined.
+      trainer_layouts: the distinct ``{processes, devices, collectives}`` trainers recorded when
+        they joined (a trainer gang's rank 0 records the gang's).
       events: how many events the run has.
     """
 
@@ -172,6 +174,7 @@ class ReplayIndex:
     retained: tuple[int, ...]
     engine_shapes: tuple[dict, ...] = ()
     events: int = 0
+    trainer_layouts: tuple[dict, ...] = ()
 
     @property
     def latest(self) -> int:
@@ -215,6 +218,7 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
     order: dict[int, int] = {}
     trained: dict[int, tuple[int, ev.TrainStepCompleted]] = {}
     shapes: list[dict] = []
+    layouts: list[dict] = []
     count = 0
     for stored in events:
         e, seq = stored.event, stored.seq
@@ -242,6 +246,9 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
             shape = _engine_shape(e)
             if shape is not None and shape not in shapes:
                 shapes.append(shape)
+            layout = _trainer_layout(e)
+            if layout is not None and layout not in layouts:
+                layouts.append(layout)
         elif type(e) is ev.RunStarted and run is None:
             run = e
     for s in armed:
@@ -259,7 +266,16 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
         steps.append(StepIndex(step, batch_seq, trained_seq, trained_event, published[step], versions,
                                ready.get(step, len(order)), retirements))
     retained = tuple(sorted(v for v in published if v not in order))
-    return ReplayIndex(run, dict(sorted(published.items())), tuple(steps), retained, tuple(shapes), count)
+    return ReplayIndex(run, dict(sorted(published.items())), tuple(steps), retained, tuple(shapes), count,
+                       tuple(layouts))
+
+
+def _trainer_layout(e: ev.WorkerJoined) -> dict | None:
+    fingerprint = e.info.get("fingerprint")
+    if e.role != "trainer" or not isinstance(fingerprint, dict) or "devices" not in fingerprint:
+        return None
+    return {"processes": fingerprint.get("processes", 1), "devices": fingerprint["devices"],
+            "collectives": fingerprint.get("collectives")}
 
 
 def _engine_shape(e: ev.WorkerJoined) -> dict | None:

@@ -88,6 +88,24 @@ class _Replay:
                             final and final[1], regenerated, ordered(divergences), self.fp,
                             time.monotonic() - self.t0, self.requested, self.snapshots_checked)
 
+    def _check_trainer_layouts(self, index) -> None:
+        """Warn when this process cannot train with the bits the run's trainers had: another
+        device count, or a gang of more than two devices (cross-process sums run in another order
+        than in-process ones) without ``trainer.deterministic_reduction``."""
+        import jax
+
+        fixed = bool(index.run.config.get("trainer", {}).get("deterministic_reduction"))
+        for layout in index.trainer_layouts:
+            trained = f"{layout['devices']} devices in {layout['processes']} process(es)"
+            if layout["devices"] != jax.device_count():
+                self.warn(f"the run's trainer ran on {trained}; this replay has {jax.device_count()}: "
+                          "bits may differ (on CPU, XLA_FLAGS=--xla_force_host_platform_device_count="
+                          f"{layout['devices']} gives it as many)")
+            elif layout["processes"] > 1 and layout["devices"] > 2 and not fixed:
+                self.warn(f"the run's trainer was a gang ({trained}) and this replay trains in one process: "
+                          "their sums over more than two devices run in other orders, so the last bits may differ "
+                          "(trainer.deterministic_reduction makes them the same)")
+
     def run(self, from_version: int, regenerate: bool, check_snapshots: bool) -> ReplayReport:
         from ledger import LedgerError
         from runtime.controller import ReplayDivergence, snapshot
@@ -137,6 +155,7 @@ class _Replay:
         if check_snapshots:
             self.log(f"{self.snapshots_checked} of {len(proofs)} snapshots equal the fold at their seq")
 
+        self._check_trainer_layouts(index)
         rerun = _Rerun(index, self.directory, pstore, self.log, sample=regenerate)
         if regenerate:
             for shape in index.engine_shapes:

@@ -180,6 +180,12 @@ def test_a_gang_gives_the_bits_of_one_process_and_survives_losing_a_rank(tmp_pat
     assert replay.returncode == 0, replay.stderr[-2000:]
     report = json.loads(replay.stdout.strip().splitlines()[-1])
     assert report["match"] and report["final_digest"] == digests[0]
+    assert "the run's trainer" not in replay.stderr  # 2 devices, as the gang had: no layout warning
+    one_device = subprocess.run([sys.executable, "-m", "runtime.cli", "replay", gang], cwd=ROOT, env=_env(1),
+                                capture_output=True, text=True, timeout=600)
+    assert one_device.returncode != 0
+    assert "the run's trainer ran on 2 devices in 2 process(es); this replay has 1" in one_device.stderr
+    assert "needs 2 devices" in one_device.stderr and "Traceback" not in one_device.stderr
     with open_store(gang) as store:
         events = [r.event for r in store.read("run")]
     assert events[0].config["workers"]["trainer_processes"] == 2
