@@ -126,9 +126,22 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
 
 
 def _fingerprint(session: Session) -> dict:
-    """What ``RunStarted`` records of this machine: the stack the bits depend on and, for a task
-    that runs code, the sandbox's isolation and how each limit binds."""
-    return {**fingerprint(), **({} if session.sandbox is None else {"sandbox": session.sandbox})}
+    """What ``RunStarted`` records of this machine: the stack the bits depend on, the trainer's
+    layout (its processes, the devices of each, its mesh and, for a gang, the collectives that sum
+    across processes: the workers this process starts get its environment) and, for a task that
+    runs code, the sandbox's isolation and how each limit binds. ``rlx resume`` warns when any of
+    it differs."""
+    import jax
+
+    from runtime.config import MeshShape
+
+    processes = session.config.workers.trainer_processes
+    trainer = {
+        "processes": processes, "devices_per_process": jax.local_device_count(),
+        "mesh": MeshShape.of(session.config.trainer.mesh).describe(),
+        "collectives": jax.config.values["jax_cpu_collectives_implementation"] if processes > 1 else None,
+    }
+    return {**fingerprint(), "trainer": trainer, **({} if session.sandbox is None else {"sandbox": session.sandbox})}
 
 
 def _check_new_run(rundir: RunDir, ledger_url: str, params_url: str, run_name: str) -> None:

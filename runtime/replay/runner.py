@@ -123,8 +123,9 @@ class _Replay:
                                            f"hash chain: {chain.reason}")])
         index = index_run(self.events())
         self.steps_total = len(index.steps)
-        # Replay re-trains from logged outcomes and judges nothing: the code sandbox is not compared.
-        recorded = {k: v for k, v in index.run.fingerprint.items() if k != "sandbox"}
+        # Replay re-trains from logged outcomes and judges nothing: the code sandbox is not compared;
+        # the trainer's layout is, by what each trainer recorded (_check_trainer_layouts).
+        recorded = {k: v for k, v in index.run.fingerprint.items() if k not in ("sandbox", "trainer")}
         self.fp = fingerprint_diff(recorded, fingerprint())
         if self.fp:
             self.warn(f"the environment differs from the one recorded in RunStarted ({', '.join(self.fp)}): "

@@ -189,6 +189,8 @@ def test_a_gang_gives_the_bits_of_one_process_and_survives_losing_a_rank(tmp_pat
     with open_store(gang) as store:
         events = [r.event for r in store.read("run")]
     assert events[0].config["workers"]["trainer_processes"] == 2
+    assert events[0].fingerprint["trainer"] == {"processes": 2, "devices_per_process": 1, "mesh": "fsdp=2",
+                                                "collectives": "gloo"}
     joins = [e for e in events if type(e).__name__ == "WorkerJoined" and e.role == "trainer"]
     assert [j.worker_id for j in joins] == ["trainer-0.1", "trainer-0.2"]  # only rank 0 joins
     fingerprint = joins[0].info["fingerprint"]
