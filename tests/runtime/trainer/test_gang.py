@@ -41,6 +41,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _gang_of(code: str, processes: int, devices: int, *args: str) -> list[dict]:
+    """Run ``code`` as ranks 0..``processes``-1 of a gang (argv: processes, rank, a free
+    coordinator port, then ``args``), each with ``devices`` CPU devices; each rank's last line as
+    JSON."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(processes), str(rank), str(port),
+                               *args], cwd=ROOT, env=_env(devices), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for rank in range(processes)]
+    outs = [proc.communicate(timeout=600) for proc in procs]
+    for proc, (_, stderr) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, stderr[-3000:]
+    return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outs]
+
+
 def test_a_gang_is_configured_with_one_line_errors():
     config = load_config(None, ["workers.trainer_processes=2", "trainer.mesh={fsdp=2}"])
     assert config.workers.trainer_processes == 2
@@ -72,9 +87,9 @@ def test_a_gang_flag_on_another_role_is_refused():
 
 STORE_RANK = """
     import json, sys
-    rank, port, url = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    processes, rank, port, url = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     from runtime.trainer.gang import Gang, GangSpec
-    gang = Gang.join(GangSpec(rank, 2, f"127.0.0.1:{port}"))
+    gang = Gang.join(GangSpec(rank, processes, f"127.0.0.1:{port}"))
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from runtime.params import ParamStore
@@ -107,15 +122,7 @@ STORE_RANK = """
 
 
 def test_each_rank_writes_its_own_shards_and_rank_0_publishes(tmp_path):
-    port, url = _free_port(), (tmp_path / "params").as_uri()
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(STORE_RANK), str(rank), str(port), url],
-                              cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    outs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode == 0, stderr[-3000:]
-        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    outs = _gang_of(STORE_RANK, 2, 1, (tmp_path / "params").as_uri())
     assert [o["rows"] for o in outs] == [[0], [4]]  # each rank holds half of the rows
     for o in outs:
         assert o["digest"] == o["again"] == o["expected"] and o["equal"] and o["opt_equal"] and o["to_host"]
@@ -237,15 +244,7 @@ REDUCTION_RANK = """
 
 
 def _layout(processes: int, devices: int, fixed: bool) -> dict:
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(REDUCTION_RANK), str(processes), str(rank),
-                               str(port), str(int(fixed))], cwd=ROOT, env=_env(devices),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(processes)]
-    outs = [proc.communicate(timeout=600) for proc in procs]
-    for proc, (_, stderr) in zip(procs, outs, strict=True):
-        assert proc.returncode == 0, stderr[-3000:]
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    return _gang_of(REDUCTION_RANK, processes, devices, str(int(fixed)))[0]
 
 
 @pytest.mark.slow
