@@ -91,6 +91,16 @@ def _pack(leaves: Sequence[tuple[str, np.ndarray]], tree: TreeManifest) -> np.nd
     return buffer
 
 
+def _layout_tree(
+    data: str, tree: str, leaves: Sequence[tuple[str, np.ndarray]], stored: TreeManifest
+) -> tuple[list[tuple[str, str]], list[tuple[str, np.ndarray]]]:
+    """Where a tree's arrays go: ``(key, leaf path)`` of each leaf stored as an array of its own,
+    and ``[(key, the packed bytes)]`` of its pack (empty when nothing is packed)."""
+    packed = set(stored.packed)
+    own = [(layout.leaf_key(data, tree, path), path) for path, _ in leaves if path not in packed]
+    return own, [(layout.pack_key(data, tree), _pack(leaves, stored))] if packed else []
+
+
 def _unpack(buffer: np.ndarray, tree: TreeManifest) -> dict[str, np.ndarray]:
     """The packed leaves of ``tree`` from its pack's bytes (views of ``buffer``)."""
     records = tree.packed_records()
@@ -273,18 +283,15 @@ class ParamStore:
         the packs; then each rank writes its shards of the other leaves."""
         what = f"writing {data} in {self.url}"
         own = []  # (key, the global array) of each leaf not packed
+        packs = []
         for name, tree_leaves in trees.items():
-            stored = _stored(manifest, name)
-            packed = set(stored.packed)
+            keys, pack = _layout_tree(data, name, tree_leaves, _stored(manifest, name))
             global_leaves = dict(leaves_with_paths(arrays[name]))
-            own += [(layout.leaf_key(data, name, path), global_leaves[path]) for path, _ in tree_leaves
-                    if path not in packed]
+            own += [(key, global_leaves[path]) for key, path in keys]
+            packs += pack
         if gang.leader:
             self._write_key(layout.pending_key(data), b"")
-            for name, tree_leaves in trees.items():
-                stored = _stored(manifest, name)
-                if stored.packed:
-                    self._write_arrays([(layout.pack_key(data, name), _pack(tree_leaves, stored))], what)
+            self._write_arrays(packs, what)
             for key, array in own:
                 self._await(self._open_array(key, np.dtype(array.dtype), array.shape,
                                              array.sharding.shard_shape(array.shape), create=True), what)
@@ -387,11 +394,10 @@ class ParamStore:
         self, data: str, tree: str, leaves: Sequence[tuple[str, np.ndarray]], stored: TreeManifest
     ) -> None:
         """Write one tree's arrays: each leaf that is not packed, then the pack (if any)."""
-        packed = set(stored.packed)
-        arrays = [(layout.leaf_key(data, tree, path), a) for path, a in leaves if path not in packed]
-        if packed:
-            arrays.append((layout.pack_key(data, tree), _pack(leaves, stored)))
-        self._write_arrays(arrays, f"writing {tree} under {data} in {self.url}")
+        own, pack = _layout_tree(data, tree, leaves, stored)
+        arrays = dict(leaves)
+        self._write_arrays([(key, arrays[path]) for key, path in own] + pack,
+                           f"writing {tree} under {data} in {self.url}")
 
     def _write_arrays(self, arrays: Sequence[tuple[str, np.ndarray]], what: str) -> None:
         """Create and write one zarr3 array under each key, all at once."""
