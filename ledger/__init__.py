@@ -1,6 +1,8 @@
 """The durable, append-only ledger of a run: events, canonical codec, stores, verification."""
 
-from ledger.codec import decode_body, encode_body, encode_event, pack, unpack
+from ledger.backends import open_store
+from ledger.canonical import pack, unpack
+from ledger.codec import decode_body, encode_body, encode_event
 from ledger.errors import (
     AppendConflict,
     Busy,
@@ -28,6 +30,7 @@ from ledger.events import (
     RunFinished,
     RunStarted,
     SampleRequest,
+    SnapshotTaken,
     TrainStepCompleted,
     VersionEvaluated,
     VersionsRetired,
@@ -46,7 +49,6 @@ from ledger.store import (
     StoredEvent,
     StoredSnapshot,
     VerifyReport,
-    open_store,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, NamedTuple, dataclass_transform
 
 import numpy as np
 
+from ledger.canonical import pack
+
 Body = dict[str, Any]
 Upcaster = Callable[[Body], Body]
 
@@ -66,9 +68,8 @@ class Event:
         return None
 
     def __hash__(self) -> int:
-        from ledger.codec import encode_body
-
-        return hash((self.KIND, encode_body(self)))
+        # Events equal by ``first_difference`` have the same canonical bytes: their body's.
+        return hash((self.KIND, pack(self.fields())))
 
 
 def _values_equal(a: Any, b: Any) -> bool:
@@ -184,11 +185,30 @@ class RunStarted(Event):
 
 @event("ControllerStarted")
 class ControllerStarted(Event):
-    """A controller took the writer epoch ``epoch`` (first start or resume)."""
+    """A controller took the writer epoch ``epoch`` (first start or resume).
+
+    ``snapshot_seq`` and ``snapshot_digest``: the snapshot a resume folded on from (its seq and
+    the sha256 of its body in hex), so the chain records what the resumed state came from and
+    ``rlx ledger verify`` can prove it after the row is gone; 0 and ``""`` when the fold started
+    at seq 1 (a new run, or a resume without a usable snapshot).
+    """
 
     epoch: int
     head_seq: int
     fingerprint: dict = dataclasses.field(default_factory=dict)
+    snapshot_seq: int = 0
+    snapshot_digest: str = ""
+
+
+@event("SnapshotTaken")
+class SnapshotTaken(Event):
+    """The controller stored a snapshot of its fold at this event's own seq: ``digest`` is the
+    sha256 (hex) of the snapshot's body, of format ``format``. A snapshot is trusted only where
+    the log commits to it this way, so the hash chain covers what a resume starts from
+    (``runtime.controller.snapshot``). It changes no state."""
+
+    digest: str
+    format: int
 
 
 @event("RunFinished")

@@ -395,7 +395,7 @@ def _insert(conn, run_id: str, records, epoch: int, head: Head) -> Head:
 
 
 class SqliteStore(_SqlStore):
-    """The embedded default: one SQLite file (``DIR/ledger.db`` for a run directory)."""
+    """The embedded default: one SQLite file."""
 
     def __init__(
         self,

@@ -1,4 +1,5 @@
-"""The append-only event store: the interface every backend implements, and ``open_store``.
+"""The append-only event store: the interface every backend implements (``ledger.backends``
+opens one).
 
 Semantics (the same for every backend, checked by one contract test suite):
 
@@ -25,20 +26,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ledger import chain
 from ledger.codec import decode_body, encode_event
-from ledger.errors import CodecError, CorruptLedger, LedgerError, ReadOnlyStore, StoreUnavailable
+from ledger.errors import CodecError, CorruptLedger, LedgerError, ReadOnlyStore
 from ledger.events import EVENTS, Event, Registry
+from ledger.url import resolve_url as resolve_url  # runtime.run imports it from here
 
-RUN_LEDGER_FILE = "ledger.db"
-RUN_POINTER_FILE = "ledger.json"
-"""In a run directory whose ledger lives elsewhere (a PostgreSQL URL, another file): where it is."""
+SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+"""SQLite's ``PRAGMA synchronous`` levels (PostgreSQL always commits with ``synchronous_commit=on``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -332,103 +331,6 @@ class EventStore(abc.ABC):
             )
         removed = self._truncate(run_id, first)
         return RepairReport(run_id, first, removed, first - 1)
-
-
-def resolve_url(target: str | os.PathLike) -> str:
-    """A store URL from a URL, a SQLite file path or a run directory (``DIR/ledger.db``, or the
-    ledger ``DIR/ledger.json`` points to)."""
-    t = os.fspath(target)
-    if "://" in t or t == ":memory:":
-        return t
-    if os.path.isdir(t):
-        pointer = directory_pointer(t)
-        if pointer is not None:
-            return pointer["url"]
-        t = os.path.join(t, RUN_LEDGER_FILE)
-    return "sqlite:///" + os.path.abspath(t)
-
-
-def run_pointer(directory: str | os.PathLike) -> dict | None:
-    """``{"url", "run_id"}`` of ``DIR/ledger.json`` (a run whose ledger is not ``DIR/ledger.db``),
-    or None when the directory has no pointer."""
-    path = os.path.join(os.fspath(directory), RUN_POINTER_FILE)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-        url, run_id = doc["url"], doc["run_id"]
-        if not (isinstance(url, str) and "://" in url and isinstance(run_id, str)):
-            raise ValueError("url must be a store URL and run_id a string")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise StoreUnavailable(f"{path} does not point to a ledger: {e}") from None
-    return {"url": url, "run_id": run_id}
-
-
-def directory_pointer(target: str | os.PathLike) -> dict | None:
-    """The pointer ``target`` resolves through: ``run_pointer`` of a run directory that has no
-    ``ledger.db`` of its own (which takes precedence); None for anything else."""
-    t = os.fspath(target)
-    if "://" in t or not os.path.isdir(t) or os.path.exists(os.path.join(t, RUN_LEDGER_FILE)):
-        return None
-    return run_pointer(t)
-
-
-def pointed_run(target: str | os.PathLike) -> str | None:
-    """The run id a run directory's pointer names, when ``target`` resolves through one."""
-    pointer = directory_pointer(target)
-    return None if pointer is None else pointer["run_id"]
-
-
-def write_run_pointer(directory: str | os.PathLike, target: str, run_id: str) -> None:
-    """Record in run directory ``directory`` that run ``run_id`` is in the ledger at ``target``."""
-    path = os.path.join(os.fspath(directory), RUN_POINTER_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"url": resolve_url(target), "run_id": run_id}, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-ACCEPTED = "a SQLite file path, a run directory, sqlite:///PATH, postgresql://… or memory://"
-SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-"""SQLite's ``PRAGMA synchronous`` levels (PostgreSQL always commits with ``synchronous_commit=on``)."""
-
-
-def open_store(
-    target: str | os.PathLike, *, create: bool = False, readonly: bool = False, registry: Registry = EVENTS,
-    synchronous: str = "FULL",
-) -> EventStore:
-    """Open the store at ``target`` ({accepted}).
-
-    ``synchronous`` is the durability of a SQLite ledger's commits (``PRAGMA synchronous``, one of
-    ``SQLITE_SYNCHRONOUS``); the other stores ignore it.
-
-    With ``create=False`` a missing SQLite file is an error and nothing is created; a file or
-    database that is not an rlx ledger is refused before anything in it is changed.
-    With ``readonly=True`` nothing is ever written (a SQLite file is opened ``mode=ro``, a
-    PostgreSQL session is read-only), so reading works on a read-only mount.
-    """
-    if create and readonly:
-        raise LedgerError("a ledger cannot be opened both to create it and read-only")
-    url = resolve_url(target)
-    scheme = url.split("://", 1)[0].lower() if "://" in url else url
-    if scheme in ("memory", ":memory:"):
-        from ledger.memory import MemoryStore
-
-        return MemoryStore(registry=registry, readonly=readonly)
-    if scheme == "sqlite":
-        from ledger.sql import SqliteStore
-
-        return SqliteStore(url, create=create, readonly=readonly, registry=registry, synchronous=synchronous)
-    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
-        from ledger.sql import PostgresStore
-
-        return PostgresStore(url, create=create, readonly=readonly, registry=registry)
-    raise StoreUnavailable(f"unsupported ledger URL scheme {scheme!r} in {url!r}; accepted: {ACCEPTED}")
-
-
-open_store.__doc__ = (open_store.__doc__ or "").format(accepted=ACCEPTED)
 
 
 def append_chain(prev: bytes, start_seq: int, records: Iterable[tuple[str, int, bytes]]) -> list[tuple[int, str, int, bytes, bytes]]:

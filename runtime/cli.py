@@ -4,6 +4,10 @@ Each command group lives in its own module under ``runtime.commands`` and expose
 ``register(subparsers)``; a registered parser sets ``func`` to a callable taking the parsed
 arguments and returning an exit status. Modules import their heavy dependencies (JAX, gRPC)
 inside the command functions so that ``rlx --help`` and the ledger tools start fast.
+
+Every refusal is one line on stderr, ``rlx: error: …``, with exit status 2: a user error raised
+by a command, an argument argparse rejects, and a bad ``RLX_FAILPOINTS`` (read before any
+command runs).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 COMMAND_MODULES = (
     "runtime.commands.run",
@@ -22,6 +27,7 @@ COMMAND_MODULES = (
     "runtime.commands.audit",
     "runtime.commands.curate",
     "runtime.commands.export",
+    "runtime.commands.models",
 )
 
 
@@ -40,8 +46,17 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose refusals are one line (argparse prints its usage first), naming
+    the command whose ``--help`` lists what it accepts."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"rlx: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="rlx",
         description="Event-sourced reinforcement learning for LLMs: every decision is in the ledger.",
     )
@@ -71,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     args.passthrough = passthrough
     errors = _user_error_types()
     try:
+        from runtime import failpoints
+
+        failpoints.check()
         status = args.func(args)
     except errors as e:
         print(f"rlx: error: {e}", file=sys.stderr)

@@ -141,8 +141,10 @@ class Section:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig(Section):
-    """The run: its name (the ledger's run id), master seed and number of training steps."""
+    """The run: its name (the ledger's run id), master seed and number of training steps (at most
+    ``MAX_STEPS``: a count no run reaches, so that a slip of the keyboard is refused, not run)."""
 
+    MAX_STEPS = 10**9
     NAME = "run"
     name: str = "run"
     seed: int = 0
@@ -153,7 +155,8 @@ class RunConfig(Section):
             raise _fail("run.name", self.name, "it must be a non-empty string of at most 200 characters")
         if not 0 <= self.seed < 2**63:
             raise _fail("run.seed", self.seed, "it must be an integer in [0, 2**63)")
-        self._at_least("steps", 1)
+        if not 1 <= self.steps <= self.MAX_STEPS:
+            raise _fail("run.steps", self.steps, f"it must be an integer from 1 to {self.MAX_STEPS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,10 +199,12 @@ class ModelConfig(Section):
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig(Section):
     """The supervised warm start of the built-in model (0 steps: none; a ``model.path`` checkpoint
-    is used as it is) and held-out evaluation.
+    is used as it is). The held-out evaluation before and after RL is the ``eval`` section's.
 
-    ``cache_dir`` (None: ``~/.cache/rlx/warm_start``) keeps finished warm starts by a digest of
-    their inputs. ``eval_size`` caps the held-out problems evaluated before and after RL. The
+    The warm start trains with the RL step's optimizer (``runtime.trainer.optimizer``) at a
+    constant ``learning_rate``, without clipping, and with optax's weight decay of 1e-4
+    (``runtime.trainer.pretrain.warm_start_optimizer``). ``cache_dir`` (None:
+    ``~/.cache/rlx/warm_start``) keeps finished warm starts by a digest of their inputs. The
     default of 265 steps leaves the demo's model at about a third of the held-out sums (34% with
     seed 0; 250 steps give 23%, 280 give 45%: the task has a sharp transition there), so RL has
     something to show.
@@ -210,12 +215,10 @@ class PretrainConfig(Section):
     batch_size: int = 128
     learning_rate: float = 1e-3
     cache_dir: str | None = None
-    eval_size: int = 500
 
     def check(self) -> None:
         self._at_least("steps", 0)
         self._at_least("batch_size", 1)
-        self._at_least("eval_size", 1)
         if self.learning_rate <= 0.0:
             raise _fail("pretrain.learning_rate", self.learning_rate, "it must be > 0")
 
@@ -232,6 +235,11 @@ class DataConfig(Section):
     refused. ``max_prompt_tokens`` caps a prompt's tokens (None: the model's positions less
     ``sampling.max_tokens``); a prompt over the cap is an error naming it. Prompts are counted in
     the model's tokens, and the longest fixes the engine's prefill bucket and the batch width.
+
+    ``task = "gym:<dataset>"`` draws problems from a reasoning-gym dataset (``runtime.tasks.gym``)
+    whose config, with the task's ``train_size``, ``eval_size`` and ``system``, is ``options``;
+    ``task_version`` is filled in with the installed reasoning-gym's version when the run starts,
+    and a replay or resume under another version is refused.
     """
 
     NAME = "data"
@@ -242,6 +250,8 @@ class DataConfig(Section):
     chat_template: bool = False
     chat_template_digest: str | None = None
     max_prompt_tokens: int | None = None
+    options: dict = dataclasses.field(default_factory=dict)
+    task_version: str | None = None
 
     def check(self) -> None:
         self._at_least("size", 1)
@@ -254,6 +264,8 @@ class DataConfig(Section):
             raise _fail("data.chat_template_digest", digest, "it must be a sha256 in hex (filled in by rlx run)")
         if digest is not None and not self.chat_template:
             raise _fail("data.chat_template_digest", digest, "it is set only with data.chat_template=true")
+        if self.task_version is not None and not self.task_version.strip():
+            raise _fail("data.task_version", self.task_version, "it must be a version (filled in by rlx run)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,9 +379,10 @@ class MeshShape:
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig(Section):
-    """The optimizer of the train step (AdamW with warm-up and global-norm clipping) and how the
-    step bounds its memory (``runtime.trainer.step``): ``micro_batch_size`` rows per gradient
-    micro-batch (0: the whole batch at once; else a divisor of the batch size), log-probs
+    """The optimizer of the train step (AdamW with warm-up and global-norm clipping,
+    ``runtime.trainer.optimizer``) and how the step bounds its memory (``runtime.trainer.step``,
+    whose config is derived from this section, defaults included): ``micro_batch_size`` rows per
+    gradient micro-batch (0: the whole batch at once; else a divisor of the batch size), log-probs
     ``logits_chunk`` positions at a time (0: all at once, a ``[rows, width, vocab]`` float32
     array), and ``remat``: recompute each decoder layer in the backward pass. These change the
     last bits, never the loss or the gradient. ``shared_prefix``: the whole-batch step computes
@@ -476,7 +489,9 @@ class WorkersConfig(Section):
     longest live sequence, ``"reference"`` every page a sequence could hold, ``"pallas"`` the
     TPU kernel, ``"auto"`` the Pallas kernel where the inference worker's backend is a TPU and
     ``"live"`` elsewhere (each worker records the one it runs); unset, a new run resolves it to
-    ``"auto"``, and a run logged before it existed reads as ``"reference"``."""
+    ``"auto"``, and a run logged before it existed reads as ``"reference"``. ``no_progress_s``:
+    after this many seconds without an accepted completion, outcome, step or version the host
+    says in one line what the run is waiting for (0: never)."""
 
     NAME = "workers"
     mode: str = PROCESSES
@@ -488,6 +503,7 @@ class WorkersConfig(Section):
     lease_timeout_s: float = 120.0
     trainer_processes: int = 1
     attention: str | None = None
+    no_progress_s: float = 600.0
 
     def check(self) -> None:
         self._choice("mode", [PROCESSES, THREADS])
@@ -507,6 +523,8 @@ class WorkersConfig(Section):
                         'a trainer gang runs as processes: it needs workers.mode="processes"')
         if self.lease_timeout_s <= 0.0:
             raise _fail("workers.lease_timeout_s", self.lease_timeout_s, "it must be > 0")
+        if not 0.0 <= self.no_progress_s < float("inf"):
+            raise _fail("workers.no_progress_s", self.no_progress_s, "it must be a number of seconds >= 0 (0: never)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -607,6 +625,12 @@ class LogConfig(Section):
             raise _fail("log.tensorboard", self.tensorboard, "give a directory path, or leave it unset")
 
 
+RETIRED: dict[str, dict[str, str]] = {
+    "pretrain": {"eval_size": "the held-out evaluation before and after RL is eval.size's"},
+}
+"""Fields that configs logged by older runs hold and that no longer exist: read back, they are
+dropped; a new config that sets one is refused with the reason."""
+
 SECTIONS: dict[str, type[Section]] = {
     cls.NAME: cls
     for cls in (RunConfig, ModelConfig, PretrainConfig, DataConfig, SamplingConfig, AlgorithmConfig,
@@ -618,10 +642,10 @@ SECTIONS: dict[str, type[Section]] = {
 def task_max_tokens(task: str) -> int:
     """The completion budget of the task named ``task`` (``Task.max_tokens``); an unknown name
     gets the base budget here and its one-line refusal when the task is built."""
-    from runtime.tasks import TASKS
+    from runtime.tasks import task_class
     from runtime.tasks.base import Task
 
-    return getattr(TASKS.get(task), "max_tokens", Task.max_tokens)
+    return getattr(task_class(task), "max_tokens", Task.max_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -702,6 +726,7 @@ class Config:
             if not isinstance(table, Mapping):
                 raise _fail(f"config section {name}", table, "it must be a table of fields")
             accepted = [f.name for f in dataclasses.fields(section)]
+            table = {k: v for k, v in table.items() if k not in RETIRED.get(name, {})}
             for key in table:
                 if key not in accepted:
                     raise _fail(f"{name} field", key, "accepted: " + ", ".join(accepted))
@@ -712,10 +737,11 @@ class Config:
         """Every field of every section, as plain values (the form stored in ``RunStarted``)."""
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
-    def resolved(self, *, data_size: int | None = None, chat_template_digest: str | None = None) -> Config:
+    def resolved(self, *, data_size: int | None = None, chat_template_digest: str | None = None,
+                 task_version: str | None = None) -> Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
-        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size`` and
-        ``data.chat_template_digest`` when given, ``params.keep_newest`` at least
+        ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size``,
+        ``data.chat_template_digest`` and ``data.task_version`` when given, ``params.keep_newest`` at least
         ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, ``trainer.shared_prefix``,
         ``trainer.old_logprobs`` and ``workers.attention``."""
         s = self.scheduling
@@ -726,6 +752,8 @@ class Config:
         data = self.data if data_size is None else dataclasses.replace(self.data, size=data_size)
         if chat_template_digest is not None:
             data = dataclasses.replace(data, chat_template_digest=chat_template_digest)
+        if task_version is not None:
+            data = dataclasses.replace(data, task_version=task_version)
         # The trainer recomputes old log-probs with the weights each rollout was sampled from, up
         # to max_staleness versions back: those must still be in the parameter store (I5).
         params = dataclasses.replace(self.params, keep_newest=max(self.params.keep_newest, s.max_staleness + 1))
@@ -823,4 +851,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] 
             raise ConfigError(f"{where} is not UTF-8 text (byte {e.start}); a config is a TOML file") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{where} is not valid TOML: {e}") from None
-    return Config.from_dict(apply_overrides(data, overrides)).resolved(data_size=data_size)
+    data = apply_overrides(data, overrides)
+    for name, fields in RETIRED.items():
+        for key, why in fields.items():
+            if isinstance(data.get(name), Mapping) and key in data[name]:
+                raise ConfigError(f"{name}.{key} no longer exists: {why}")
+    return Config.from_dict(data).resolved(data_size=data_size)

@@ -67,6 +67,19 @@ class Evaluation:
     sampled_pass_rate: float
 
 
+def _held_out(task: Any, codec: Any, size: int) -> tuple[list, list]:
+    """The first ``size`` held-out problems of ``task`` (at most its held-out split) and their prompts."""
+    problems = [task.problem("eval", i) for i in range(min(size, task.eval_size))]
+    return problems, [codec.encode_prompt(p) for p in problems]
+
+
+def _greedy(codec: Any, max_tokens: int):
+    """Greedy decoding of at most ``max_tokens`` tokens, stopping at the model's end tokens."""
+    from runtime.inference import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=codec.eos_ids)
+
+
 def evaluate(engine: Any, task: Any, codec: Any, params: Any, *, version: int, seed: int, size: int, k: int,
              samples: int, sampling: dict) -> Evaluation:
     """Evaluate ``params`` (version ``version``) on the first ``size`` held-out problems of
@@ -74,11 +87,10 @@ def evaluate(engine: Any, task: Any, codec: Any, params: Any, *, version: int, s
     sampled with ``sampling`` (a rollout request's sampling table)."""
     from runtime.inference import SamplingParams
 
-    n = min(size, task.eval_size)
-    problems = [task.problem("eval", i) for i in range(n)]
-    prompts = [codec.encode_prompt(p) for p in problems]
+    problems, prompts = _held_out(task, codec, size)
+    n = len(problems)
     engine.update_params(params)
-    greedy = SamplingParams(temperature=0.0, max_tokens=int(sampling["max_tokens"]), stop_token_ids=codec.eos_ids)
+    greedy = _greedy(codec, int(sampling["max_tokens"]))
     sampled = SamplingParams.from_request(sampling, codec.eos_ids)
     requests = prompts + [p for p in prompts for _ in range(samples)]
     params_list = [greedy] * n + [sampled] * (n * samples)
@@ -96,6 +108,15 @@ def evaluate(engine: Any, task: Any, codec: Any, params: Any, *, version: int, s
         pass_at_k=float(np.mean([pass_at_k(samples, int(c), k) for c in counts])),
         sampled_pass_rate=float(sampled_passed.mean()),
     )
+
+
+def greedy_pass_rate(engine: Any, task: Any, codec: Any, params: Any, *, size: int, max_tokens: int) -> float:
+    """The greedy pass rate of ``params`` on the first ``size`` held-out problems of ``task``
+    (``rlx pretrain``'s measure of a warm start; a run records :func:`evaluate`'s)."""
+    problems, prompts = _held_out(task, codec, size)
+    engine.update_params(params)
+    completions = engine.generate(prompts, _greedy(codec, max_tokens), list(range(len(problems))))
+    return float(np.mean([o.passed for o in task.score(problems, [codec.decode(c.tokens) for c in completions])]))
 
 
 class Evaluator:
@@ -191,4 +212,4 @@ class Evaluator:
             self.log(f"evaluation of version {version} not recorded: {verdict.reason}")
 
 
-__all__ = ["Evaluation", "Evaluator", "evaluate", "pass_at_k", "sample_seeds"]
+__all__ = ["Evaluation", "Evaluator", "evaluate", "greedy_pass_rate", "pass_at_k", "sample_seeds"]

@@ -8,7 +8,10 @@ Transformers does) and the tokenizer files into a new directory, which Transform
 
 - a run started from a checkpoint (``model.path``) gets that checkpoint's ``config.json`` and its
   tokenizer, chat template and generation files copied, and each tensor in the dtype the
-  checkpoint stored it in, so version 0 gives back the checkpoint's tensors bit for bit;
+  checkpoint stored it in, so version 0 gives back the checkpoint's tensors bit for bit; every
+  file keeps its source's permission bits, and a checkpoint file that is a link (or an index's
+  shard name that leaves the directory) is refused, so an export never copies a file from
+  elsewhere (``runtime.model.checkpoint_files``);
 - a run of the built-in model gets the config its ``ModelConfig`` maps to, the character
   tokenizer's ``tokenizer.json`` and a ``generation_config.json`` with its special tokens, in the
   dtype the parameters were trained in.
@@ -35,6 +38,7 @@ from runtime.rundir import RunDir, run_started
 # The module is imported by ``rlx --help``: the model code (JAX) is imported where it is used.
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+_WEIGHTS = "*.safetensors"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,14 +101,17 @@ def _published(store, run_id: str) -> tuple[dict[int, Any], set[int]]:
 @dataclasses.dataclass(frozen=True)
 class _Form:
     """The Hugging Face form of a run's model: its ``ModelConfig``, ``config.json``, the dtype of
-    each tensor by name (None: as stored), and the files to write beside the weights."""
+    each tensor by name (None: as stored), the files to write beside the weights (``copies``: names
+    of the source checkpoint's files, copied as they are) and the permission bits the written files
+    keep from the source (by name; ``_WEIGHTS`` for every weights file)."""
 
     model: Any
     hf_config: dict[str, Any]
     dtypes: Mapping[str, str] | None
-    copies: tuple[pathlib.Path, ...]
+    copies: tuple[str, ...]
     texts: Mapping[str, str]
     source: str
+    modes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def builtin_form(model_config, tokenizer, run_id: str) -> _Form:
@@ -131,21 +138,20 @@ def builtin_form(model_config, tokenizer, run_id: str) -> _Form:
 
 
 def _checkpoint_form(path: str, run_id: str) -> _Form:
-    from runtime.model.hf import CONFIG_FILE, TOKENIZER_FILES, weight_dtypes
+    from runtime.model.checkpoint_files import checkpoint_file, file_mode, read_json
+    from runtime.model.hf import CONFIG_FILE, TOKENIZER_FILES, weight_dtypes, weight_modes
     from runtime.model.hf_convert import config_from_hf
 
     directory = pathlib.Path(path)
-    config_path = directory / CONFIG_FILE
-    if not config_path.is_file():
+    hf_config = read_json(directory, CONFIG_FILE) if directory.is_dir() else None
+    if hf_config is None:
         raise UsageError(f"run {run_id!r} started from the checkpoint {path!r}, which has no {CONFIG_FILE} any more; "
                          "its config and tokenizer files are exported with the weights")
-    try:
-        hf_config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{config_path} is not valid JSON: {e}") from e
-    model_config = config_from_hf(hf_config, source=str(config_path))
-    copies = tuple(directory / name for name in TOKENIZER_FILES if (directory / name).is_file())
-    return _Form(model_config, hf_config, weight_dtypes(directory), copies, {}, str(directory))
+    model_config = config_from_hf(hf_config, source=str(directory / CONFIG_FILE))
+    copies = tuple(name for name in TOKENIZER_FILES if checkpoint_file(directory, name) is not None)
+    modes = {CONFIG_FILE: file_mode(directory, CONFIG_FILE), _WEIGHTS: weight_modes(directory)}
+    return _Form(model_config, hf_config, weight_dtypes(directory), copies, {}, str(directory),
+                 {name: mode for name, mode in modes.items() if mode is not None})
 
 
 def _form(logged: Mapping[str, Any], run_id: str) -> _Form:
@@ -154,9 +160,9 @@ def _form(logged: Mapping[str, Any], run_id: str) -> _Form:
     config = Config.from_dict(dict(logged))
     if config.model.path is not None:
         return _checkpoint_form(config.model.path, run_id)
-    from runtime.session import _builtin_config
+    from runtime.session import builtin_config
 
-    model_config, tokenizer = _builtin_config(config)
+    model_config, tokenizer = builtin_config(config)
     return builtin_form(model_config, tokenizer, run_id)
 
 
@@ -194,6 +200,7 @@ def _tensors(params, form: _Form, dtype: str | None) -> dict[str, Any]:
 
 def _write(out: pathlib.Path, form: _Form, tensors: dict[str, Any], dtype: str | None,
            max_shard_bytes: int | None) -> tuple[str, ...]:
+    from runtime.model.checkpoint_files import copy_file
     from runtime.model.hf import CONFIG_FILE, DEFAULT_SHARD_BYTES, write_weights
 
     max_shard_bytes = DEFAULT_SHARD_BYTES if max_shard_bytes is None else max_shard_bytes
@@ -209,9 +216,14 @@ def _write(out: pathlib.Path, form: _Form, tensors: dict[str, Any], dtype: str |
                 hf_config[key] = dtype
         (staging / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
         files = [CONFIG_FILE, *write_weights(staging, tensors, max_shard_bytes=max_shard_bytes)]
-        for source in form.copies:
-            shutil.copyfile(source, staging / source.name)
-            files.append(source.name)
+        for name in files:
+            mode = form.modes.get(CONFIG_FILE if name == CONFIG_FILE else _WEIGHTS)
+            if mode is not None:
+                (staging / name).chmod(mode)
+        for name in form.copies:
+            if not copy_file(form.source, name, staging):
+                raise UsageError(f"{pathlib.Path(form.source) / name} was removed while the export read the checkpoint")
+            files.append(name)
         for name, text in form.texts.items():
             (staging / name).write_text(text)
             files.append(name)

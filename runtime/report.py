@@ -33,14 +33,15 @@ def plot_report(summary: dict, path: str) -> None:
         ax.grid(alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=8)
-    axes.flat[1].axhline(summary["eval_before"], color="gray", linestyle="--", linewidth=1, label="held-out before")
-    axes.flat[1].axhline(summary["eval_after"], color="green", linestyle="--", linewidth=1, label="held-out after")
-    axes.flat[1].legend(fontsize=8)
+    before, after = summary["eval_before"], summary["eval_after"]
+    if before is not None and after is not None:  # versions 0 and final, as the ledger records them
+        axes.flat[1].axhline(before, color="gray", linestyle="--", linewidth=1, label="held-out before")
+        axes.flat[1].axhline(after, color="green", linestyle="--", linewidth=1, label="held-out after")
+        axes.flat[1].legend(fontsize=8)
     _evaluations(axes.flat[6], axes.flat[7], summary.get("evaluations") or [])
-    fig.suptitle(
-        f"run {summary['run']}: {summary['steps']} steps, held-out pass rate "
-        f"{summary['eval_before']:.1%} → {summary['eval_after']:.1%}", fontsize=12,
-    )
+    held_out = ("no held-out evaluation" if before is None or after is None else
+                f"held-out pass rate {before:.1%} → {after:.1%} ({summary['eval_size']} problems)")
+    fig.suptitle(f"run {summary['run']}: {summary['steps']} steps, {held_out}", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -22,6 +22,9 @@ Purposes used by the run:
 - :data:`EVAL_SPLIT` (dataset size): which problems of a task are held out for evaluation.
 - :data:`CODE_FUNCTIONS` (functions): which functions of the program-synthesis task are held out.
 - :data:`CODE_PROBLEM` (held out, index): one generated program-synthesis problem.
+- :data:`GYM_EVAL` (): the seed of a reasoning-gym task's held-out generator.
+- :data:`GYM_TRAIN` (draw): the seed of a reasoning-gym task's training generator ``draw``
+  (``runtime.tasks.gym``).
 - :data:`EVAL_SAMPLE` (version, problem, sample): the sampling seed of one held-out evaluation
   completion (``runtime.evaluation``).
 """
@@ -44,6 +47,8 @@ WARM_START = "pretrain.batches"
 EVAL_SPLIT = "data.eval_split"
 CODE_FUNCTIONS = "codefn.eval_functions"
 CODE_PROBLEM = "codefn.problem"
+GYM_EVAL = "gym.eval"
+GYM_TRAIN = "gym.train"
 EVAL_SAMPLE = "eval.sample"
 
 SEED_BITS = 63

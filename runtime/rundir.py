@@ -3,20 +3,69 @@
 ``rlx run --out DIR`` writes ``DIR/ledger.db`` (or, when ``ledger.url`` names another store,
 ``DIR/ledger.json`` pointing to it and to the run), ``DIR/params/`` (unless ``params.url`` names
 another parameter store), ``summary.json`` and ``report.png``. Resume, replay, audit and the
-ledger tools all find a run's parts through :class:`RunDir`, so the rules live here once.
+ledger tools all find a run's parts through :class:`RunDir`, so the rules live here once. The
+ledger knows no run directory: importing this module lets ``ledger.open_store`` take one
+(``ledger.url.resolve_directories``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.store import RUN_LEDGER_FILE, RUN_POINTER_FILE, directory_pointer, write_run_pointer
+from ledger.errors import StoreUnavailable
+from ledger.url import resolve_directories, resolve_url
 from runtime.errors import UsageError
 
+RUN_LEDGER_FILE = "ledger.db"
+RUN_POINTER_FILE = "ledger.json"
+"""In a run directory whose ledger lives elsewhere (a PostgreSQL URL, another file): where it is."""
 PARAMS_DIR = "params"
+
+
+def run_pointer(directory: str | os.PathLike) -> dict | None:
+    """``{"url", "run_id"}`` of ``DIR/ledger.json`` (a run whose ledger is not ``DIR/ledger.db``),
+    or None when the directory has no pointer."""
+    path = os.path.join(os.fspath(directory), RUN_POINTER_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        url, run_id = doc["url"], doc["run_id"]
+        if not (isinstance(url, str) and "://" in url and isinstance(run_id, str)):
+            raise ValueError("url must be a store URL and run_id a string")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StoreUnavailable(f"{path} does not point to a ledger: {e}") from None
+    return {"url": url, "run_id": run_id}
+
+
+def directory_pointer(target: str | os.PathLike) -> dict | None:
+    """The pointer ``target`` resolves through: ``run_pointer`` of a run directory that has no
+    ``ledger.db`` of its own (which takes precedence); None for anything else."""
+    t = os.fspath(target)
+    if "://" in t or not os.path.isdir(t) or os.path.exists(os.path.join(t, RUN_LEDGER_FILE)):
+        return None
+    return run_pointer(t)
+
+
+def pointed_run(target: str | os.PathLike) -> str | None:
+    """The run id a run directory's pointer names, when ``target`` resolves through one."""
+    pointer = directory_pointer(target)
+    return None if pointer is None else pointer["run_id"]
+
+
+def write_run_pointer(directory: str | os.PathLike, target: str, run_id: str) -> None:
+    """Record in run directory ``directory`` that run ``run_id`` is in the ledger at ``target``."""
+    path = os.path.join(os.fspath(directory), RUN_POINTER_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"url": resolve_url(target), "run_id": run_id}, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 def run_started(store, run_id: str):
@@ -32,6 +81,37 @@ def run_started(store, run_id: str):
     if not isinstance(first, ev.RunStarted):
         raise UsageError(f"run {run_id!r} does not start with RunStarted")
     return first
+
+
+def check_creatable(path: str | os.PathLike, flag: str, *, directory: bool = True) -> None:
+    """Raise ``UsageError`` (naming ``flag``) unless ``path`` can be written: not a symbolic link
+    (whose target the user did not name), an existing directory (with ``directory``; a file
+    otherwise, which the caller decides about) or a new path whose nearest existing ancestor is a
+    directory that takes new entries. That is probed by making and removing one, so a read-only
+    mount or a pseudo file system (``/proc``) is found now, by root too. Creates nothing."""
+    import tempfile
+
+    shown = os.fspath(path)
+    path = os.path.abspath(shown)
+    if os.path.islink(path):
+        raise UsageError(f"{flag} {shown!r} is a symbolic link (to {os.readlink(path)!r}); give the path itself")
+    if os.path.exists(path):
+        if directory and not os.path.isdir(path):
+            raise UsageError(f"{flag} {shown!r} exists and is not a directory")
+        if not os.path.isdir(path):
+            return
+        parent = path
+    else:
+        parent = os.path.dirname(path)
+        while not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise UsageError(f"{flag} {shown!r} cannot be created: {parent!r} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlx-probe-", dir=parent))
+    except OSError as e:
+        where = "it" if parent == path else repr(parent)
+        raise UsageError(f"{flag} {shown!r} cannot be written: {where} takes no new files ({e.strerror})") from None
 
 
 def _listed(runs: Sequence[str]) -> str:
@@ -60,20 +140,9 @@ class RunDir:
         return None if pointer is None else pointer["run_id"]
 
     def check_creatable(self) -> None:
-        """Raise ``UsageError`` unless ``path`` is a directory or can be made one (its nearest
-        existing ancestor is a writable directory). Creates nothing."""
-        path = os.path.abspath(self.path)
-        if os.path.exists(path):
-            if not os.path.isdir(path):
-                raise UsageError(f"--out {self.path!r} exists and is not a directory")
-            return
-        parent = os.path.dirname(path)
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            raise UsageError(f"--out {self.path!r} cannot be created: {parent!r} is not a directory")
-        if not os.access(parent, os.W_OK):
-            raise UsageError(f"--out {self.path!r} cannot be created: {parent!r} is not writable")
+        """Raise ``UsageError`` unless ``path`` is a directory or can be made one (see
+        :func:`check_creatable`). Creates nothing."""
+        check_creatable(self.path, "--out")
 
     def check_exists(self) -> None:
         """Raise ``UsageError`` unless ``path`` is a run directory (a ledger or a pointer to one)."""
@@ -118,4 +187,13 @@ class RunDir:
         write_run_pointer(self.path, url, run_id)
 
 
-__all__ = ["PARAMS_DIR", "RunDir"]
+def _ledger_of(directory: str) -> str:
+    return RunDir(directory).ledger
+
+
+# A run directory given where a ledger is expected (``rlx ledger verify DIR``, ``open_store(DIR)``)
+# names the ledger ``RunDir.ledger`` says.
+resolve_directories(_ledger_of)
+
+__all__ = ["PARAMS_DIR", "RUN_LEDGER_FILE", "RUN_POINTER_FILE", "RunDir", "check_creatable", "directory_pointer",
+           "pointed_run", "run_pointer", "run_started", "write_run_pointer"]

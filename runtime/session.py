@@ -57,19 +57,36 @@ def fingerprint() -> dict:
 
 
 def make_task(config: Config):
-    """The run's task: ``data.task`` of the registry, or the JSONL file ``data.path`` (read by the
-    task itself when it takes a data file, e.g. ``codefn``; as ``jsonl`` rows otherwise)."""
-    from runtime.tasks import TASKS
+    """The run's task: ``data.task`` of the registry with ``data.options`` (a task that takes
+    them), or the JSONL file ``data.path`` (read by the task itself when it takes a data file,
+    e.g. ``codefn``; as ``jsonl`` rows otherwise). A task whose problems come from a package whose
+    installed version is not ``data.task_version`` (the one the run recorded) is refused."""
     from runtime.tasks import make_task as build
+    from runtime.tasks import task_class
 
     d = config.data
-    if d.path is not None and d.task != "jsonl" and getattr(TASKS.get(d.task), "reads_path", False):
-        return build(d.task, path=d.path, seed=config.run.seed)
-    if d.task == "jsonl" or d.path is not None:
+    cls = task_class(d.task)
+    takes_options = getattr(cls, "takes_options", False)
+    if d.options and not takes_options:
+        raise UsageError(f"data.options {d.options!r} is not accepted by data.task {d.task!r}; only a "
+                         "gym:<dataset> task takes options (its dataset's config, train_size, eval_size, system)")
+    if takes_options and d.path is not None:
+        raise UsageError(f"data.task {d.task!r} generates its problems and reads no data file, but data.path is "
+                         f"{d.path!r}; leave out --data / data.path, or set data.task=jsonl")
+    if d.path is not None and d.task != "jsonl" and getattr(cls, "reads_path", False):
+        task = build(d.task, path=d.path, seed=config.run.seed)
+    elif d.task == "jsonl" or d.path is not None:
         if d.path is None:
             raise UsageError("data.task 'jsonl' needs data.path (a JSONL file)")
-        return build("jsonl", path=d.path, eval_fraction=d.eval_fraction, seed=config.run.seed)
-    return build(d.task, seed=config.run.seed)
+        task = build("jsonl", path=d.path, eval_fraction=d.eval_fraction, seed=config.run.seed)
+    else:
+        task = build(d.task, seed=config.run.seed, **({"options": d.options} if takes_options else {}))
+    recorded = d.task_version
+    if recorded is not None and task.version != recorded:
+        raise UsageError(f"data.task {d.task!r}: the run was started with {task.package or 'its source'} {recorded} "
+                         f"(data.task_version) but {task.version or 'no version'} is installed here, whose problems "
+                         f"and scores may differ; install {task.package or 'that version'}=={recorded}")
+    return task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,20 +183,6 @@ class Session:
         """Another engine of ``engine``'s shape (for another inference worker): the same bits."""
         return self.shape.build(self.model)
 
-    def evaluate(self, params, *, limit: int) -> float:
-        """Greedy pass rate of ``params`` on the held-out split (at most ``limit`` problems)."""
-        from runtime.inference import SamplingParams
-
-        task, codec = self.task, self.codec
-        n = min(limit, task.eval_size)
-        problems = [task.problem("eval", i) for i in range(n)]
-        self.engine.update_params(params)
-        greedy = SamplingParams(temperature=0.0, max_tokens=self.config.max_tokens,
-                                stop_token_ids=codec.eos_ids)
-        completions = self.engine.generate([codec.encode_prompt(p) for p in problems], greedy, list(range(n)))
-        texts = [codec.decode(c.tokens) for c in completions]
-        return float(np.mean([s.passed for s in task.score(problems, texts)]))
-
 
 def _checkpoint_dir(config: Config) -> str:
     """``model.path``, refused unless it holds a Hugging Face checkpoint's config.json."""
@@ -190,7 +193,7 @@ def _checkpoint_dir(config: Config) -> str:
     return path
 
 
-def _builtin_config(config: Config):
+def builtin_config(config: Config):
     """The built-in model's ``ModelConfig`` and tokenizer for ``config``'s model section (the
     tokenizer of ``TextCodec.builtin``)."""
     from runtime.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, char_tokenizer
@@ -220,7 +223,7 @@ def _initial_model(config: Config):
     from runtime.inference.sampling import seed_key_data
     from runtime.model import Model
 
-    mc, tokenizer = _builtin_config(config)
+    mc, tokenizer = builtin_config(config)
     key = jax.random.wrap_key_data(jnp.asarray(seed_key_data(rng.derive_seed(config.run.seed, rng.MODEL_INIT))),
                                    impl="threefry2x32")
     return Model.init(mc, key=key, tokenizer=tokenizer)
@@ -255,21 +258,15 @@ def build_codec(config: Config):
 
 
 def _checkpoint_codec(config: Config):
-    import json
-
+    from runtime.model.checkpoint_files import read_json
     from runtime.model.hf import CONFIG_FILE
     from runtime.model.hf_text import checkpoint_text
     from runtime.tasks.base import TextCodec
 
     path = _checkpoint_dir(config)
-    config_path = os.path.join(path, CONFIG_FILE)
-    with open(config_path, encoding="utf-8") as f:
-        try:
-            hf = json.load(f)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{config_path} is not valid JSON: {e}") from None
-    if not isinstance(hf, dict):
-        raise UsageError(f"{config_path} must hold a JSON object, got {type(hf).__name__}")
+    hf = read_json(path, CONFIG_FILE)  # bounded: size, UTF-8, nesting, finite numbers, not a link
+    if hf is None:
+        raise UsageError(f"model.path {path!r} is not a Hugging Face checkpoint directory (no config.json)")
     return TextCodec.for_checkpoint(checkpoint_text(path, hf, chat_template=config.data.chat_template))
 
 
@@ -311,18 +308,12 @@ def longest_prompt(config: Config, task, codec, positions: int) -> int:
 
 
 def step_config(config: Config, model):
-    """The train step's static configuration for ``config`` and ``model``."""
+    """The train step's static configuration for ``config`` and ``model``: its ``trainer``
+    section's (``StepConfig.of``), with the run's objective and sampling temperature and group size."""
     from runtime.trainer.step import StepConfig
 
-    t = config.trainer
-    return StepConfig(
-        model=model.config, objective=config.objective(),
-        learning_rate=t.learning_rate, weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, temperature=config.sampling.temperature,
-        micro_batch_size=t.micro_batch_size, logits_chunk=t.logits_chunk, remat=t.remat,
-        group_size=config.sampling.group_size, share_prefix=bool(t.shared_prefix),
-        old_logprobs=t.old_logprobs or "recompute",
-    )
+    return StepConfig.of(config.trainer, model=model.config, objective=config.objective(),
+                         temperature=config.sampling.temperature, group_size=config.sampling.group_size)
 
 
 def trainer_mesh(config: Config):
@@ -362,6 +353,35 @@ def make_trainer(session: Session, store, worker_id: str, *, gang=None, replay: 
     return StepTrainer(worker_id, session.model, session.task, session.codec, store, step,
                        group_size=config.sampling.group_size, width=session.width,
                        keep_parents=config.scheduling.max_staleness, mesh=mesh, gang=gang)
+
+
+def resolve(config: Config, task) -> Config:
+    """``config`` with every choice explicit (``Config.resolved``) for its ``task`` (its size and
+    its source's version) and its model's chat template: what ``RunStarted`` records, and what
+    everything is built from."""
+    return config.resolved(data_size=task.train_size, chat_template_digest=build_codec(config).template_digest,
+                           task_version=task.version)
+
+
+def run_fingerprint(session: Session, inputs: dict | None = None) -> dict:
+    """What ``RunStarted`` records of this machine: the stack the bits depend on, the trainer's
+    layout (its processes, the devices of each, its mesh and, for a gang, the collectives that sum
+    across processes: the workers this process starts get its environment), for a task that
+    runs code, the sandbox's isolation and how each limit binds, and the run's input files by
+    absolute path and content digest (``runtime.inputs.record``; ``inputs`` if already taken).
+    ``rlx resume`` warns when any of it but the inputs differs, and refuses changed inputs."""
+    import jax
+
+    from runtime import inputs as run_inputs
+
+    processes = session.config.workers.trainer_processes
+    trainer = {
+        "processes": processes, "devices_per_process": jax.local_device_count(),
+        "mesh": MeshShape.of(session.config.trainer.mesh).describe(),
+        "collectives": jax.config.values["jax_cpu_collectives_implementation"] if processes > 1 else None,
+    }
+    return {**fingerprint(), "trainer": trainer, **({} if session.sandbox is None else {"sandbox": session.sandbox}),
+            "inputs": run_inputs.record(session.config) if inputs is None else inputs}
 
 
 def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple[Any, str | None]:
@@ -429,4 +449,4 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
 
 
 __all__ = ["EngineShape", "Session", "build_codec", "build_session", "fingerprint", "longest_prompt", "make_task",
-           "step_config"]
+           "resolve", "run_fingerprint", "step_config"]

@@ -130,10 +130,11 @@ def timeline(out: str, run_id: str) -> dict:
     rate of the steps after the first."""
     from ledger import events as ev
     from ledger import open_store
+    from runtime.rundir import RunDir
 
     started = first_rollout = None
     committed = []
-    with open_store(out, readonly=True) as store:
+    with open_store(RunDir(out).ledger, readonly=True) as store:
         for s in store.read(run_id):
             if started is None and isinstance(s.event, ev.ControllerStarted):
                 started = s.wall_time
@@ -204,11 +205,11 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     from runtime.controller.workers import TrainRollout, TrainTask
     from runtime.model import forward
     from runtime.params import ParamStore
-    from runtime.session import build_session
+    from runtime.rundir import RunDir
+    from runtime.session import build_session, make_trainer
     from runtime.trainer.step import make_optimizer, train_step
-    from runtime.workers import StepTrainer
 
-    with open_store(out) as store:
+    with open_store(RunDir(out).ledger) as store:
         events = [s.event for s in store.read("run")]
     started = events[0]
     assert isinstance(started, ev.RunStarted)  # a ledger begins with its run
@@ -221,8 +222,7 @@ def trainer_vs_bare(out: str, overrides: list[str], repeats: int) -> dict:
     batches = [e for e in events if isinstance(e, ev.BatchFormed)]
     tasks = [TrainTask(b.step, b.step - 1, "", b, tuple(TrainRollout(requests[r], completions[r], outcomes[r])
                                                         for r in b.rollout_ids)) for b in batches]
-    trainer = StepTrainer("bench", session.model, session.task, session.codec, ParamStore.open("memory://bench-e2e", create=True),
-                          step_config, group_size=config.sampling.group_size, width=session.width)
+    trainer = make_trainer(session, ParamStore.open("memory://bench-e2e", create=True), "bench")  # as the run's
     # Pack every batch once, outside the timings: both loops consume the same arrays.
     packed = []
     for t in tasks:

@@ -39,14 +39,14 @@ if processes > 1:
     Gang.join(GangSpec(rank, processes, f"127.0.0.1:{port}"))
 import jax, jax.numpy as jnp, numpy as np
 from runtime.config import MeshShape, load_config
-from runtime.session import _builtin_config, step_config
+from runtime.session import builtin_config, step_config
 from runtime.model import init_params
 from runtime.trainer import Sample, make_optimizer, pack, train_step
 from runtime.trainer.batch import shared_prefix
 from runtime.trainer.mesh import make_mesh, shard_rows, shard_tree
 
 config = load_config(None, [])
-model, _ = _builtin_config(config)
+model, _ = builtin_config(config)
 mesh = make_mesh(MeshShape(fsdp=jax.device_count()))
 rng = np.random.default_rng(0)
 samples = []

@@ -85,11 +85,11 @@ def small_versions(repeats: int, directory: str | None) -> dict[str, float]:
     """Put + delete of the demo model's versions: packed small leaves against one array each."""
     from runtime.config import Config
     from runtime.model import init_params
-    from runtime.session import _builtin_config
+    from runtime.session import builtin_config
     from runtime.trainer import StepConfig, make_optimizer
 
     config = Config()
-    model, _ = _builtin_config(config)
+    model, _ = builtin_config(config)
     params = init_params(model, key=jax.random.key(0))
     opt_state = make_optimizer(StepConfig(model=model, objective=config.objective())).init(params)
     times: dict[str, dict[str, list[float]]] = {}

@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 from ledger import events as ev  # noqa: E402
 from ledger import open_store  # noqa: E402
 from runtime.config import Config  # noqa: E402
+from runtime.rundir import RunDir  # noqa: E402
 
 OVERRIDES = {
     "run": {"name": "run", "steps": 1_000_000, "seed": 0},
@@ -82,49 +83,52 @@ def _outcome(task) -> ev.OutcomeRecorded:
 
 
 def synthesize(out: str, events: int, log) -> dict:
-    """A run directory ``out`` whose ledger holds about ``events`` events (see the module docstring)."""
-    from runtime.controller import ControllerLoop, InitTask
+    """A run directory ``out`` whose ledger holds about ``events`` events (see the module docstring),
+    hosted and trained as ``rlx run`` hosts and trains a run (``runtime.host.Host``,
+    ``runtime.session.make_trainer``), with synthetic inference and verifier workers."""
+    from runtime.controller.workers import TrainTask
+    from runtime.host import Host
+    from runtime.host.roles import TrainerRole
+    from runtime.host.threads import ThreadPort
     from runtime.params import ParamStore
-    from runtime.run import _fingerprint, _Retirer
-    from runtime.session import build_session
-    from runtime.workers import StepTrainer
+    from runtime.session import build_session, build_task, make_trainer, resolve, run_fingerprint
 
     config = Config.from_dict(OVERRIDES)
-    session = build_session(config, log=lambda m: None)
-    config = config.resolved(data_size=session.task.train_size)
+    built = build_task(config, log=lambda m: None)
+    config = resolve(config, built[0])
+    session = build_session(config, log=lambda m: None, built=built)
     os.makedirs(out)
     store = open_store(os.path.join(out, "ledger.db"), create=True, synchronous=config.ledger.synchronous)
     pstore = ParamStore.open(f"file://{os.path.abspath(out)}/params", create=True)
-    retirer = _Retirer(pstore)
-    ctrl = ControllerLoop.create(store, run_id=config.run.name, config=config.to_dict(), config_digest=config.digest(),
-                                 seed=config.run.seed, fingerprint=_fingerprint(session), on_retire=retirer,
-                                 snapshot_every=config.ledger.snapshot_every)
-    trainer = StepTrainer("trainer-0", session.model, session.task, session.codec, pstore, session.step_config,
-                          group_size=config.sampling.group_size, width=session.width)
+    host = Host.create(store, pstore, config, fingerprint=run_fingerprint(session), log=log)
+    port = ThreadPort(host.front)
+    trainer = TrainerRole(make_trainer(session, pstore, "trainer-0"))
     vocab, max_tokens = session.model.config.vocab_size, config.max_tokens
-    ctrl.join(WORKER, "inference", slots=config.workers.inference_slots)
-    ctrl.join("verifier-0", "verifier")
-    ctrl.join(trainer.worker_id, "trainer")
+    port.join(WORKER, "inference", slots=config.workers.inference_slots)
+    port.join("verifier-0", "verifier")
+    port.join("trainer-0", "trainer", info=trainer.info)
     t0, steps = time.monotonic(), 0
     try:
-        while ctrl.head_seq < events:
-            task = ctrl.train_task(trainer.worker_id)
-            if task is not None:
-                ctrl.publish([trainer.initialize(task)] if isinstance(task, InitTask) else list(trainer.train(task)))
-                retirer.sweep()
-                steps += not isinstance(task, InitTask)
-                if steps % 200 == 0 and not isinstance(task, InitTask):
-                    log(f"  {out}: step {steps}, {ctrl.head_seq:,} events, {time.monotonic() - t0:.0f} s")
+        while host.ctrl.head_seq < events:
+            work = port.poll("trainer-0", wait_s=0)
+            if work.train is not None:
+                port.submit("trainer-0", trainer.run(work.train))
+                host.retirer.sweep()
+                if not isinstance(work.train, TrainTask):
+                    continue
+                steps += 1
+                if steps % 200 == 0:
+                    log(f"  {out}: step {steps}, {host.ctrl.head_seq:,} events, {time.monotonic() - t0:.0f} s")
                 continue
-            leases = ctrl.leases(WORKER)
+            leases = port.poll(WORKER, wait_s=0).leases
             if leases:
-                ctrl.complete([_completion(lease, vocab, max_tokens) for lease in leases])
-            scoring = ctrl.scoring_work("verifier-0", 1 << 20)
+                port.submit(WORKER, [_completion(lease, vocab, max_tokens) for lease in leases])
+            scoring = port.poll("verifier-0", max_items=1 << 16, wait_s=0).scores
             if scoring:
-                ctrl.record_outcomes([_outcome(t) for t in scoring])
+                port.submit("verifier-0", [_outcome(t) for t in scoring])
             if not leases and not scoring:
-                raise RuntimeError(f"the synthetic run stalled at seq {ctrl.head_seq}")
-        head = ctrl.head_seq
+                raise RuntimeError(f"the synthetic run stalled at seq {host.ctrl.head_seq}")
+        head = host.ctrl.head_seq
     finally:
         store.close()
     return {"events": head, "steps": steps, "seconds": time.monotonic() - t0}
@@ -143,14 +147,14 @@ def resume_once(out: str, timeout_s: float = 300.0) -> float:
     from runtime.controller import DECISION_KINDS
 
     kinds = {k.__name__ for k in DECISION_KINDS}
-    with open_store(out, readonly=True) as reader:
+    with open_store(RunDir(out).ledger, readonly=True) as reader:
         before = reader.head("run").seq
         epoch = max(r.epoch for r in reader.scan("run", before, before))
     t0 = time.monotonic()
     proc = subprocess.Popen(_rlx("resume", out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
-        with open_store(out, readonly=True) as reader:
+        with open_store(RunDir(out).ledger, readonly=True) as reader:
             seen = before
             while time.monotonic() - t0 < timeout_s:
                 for r in reader.scan("run", seen + 1):
@@ -220,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
             for name in ("small", "large"):
                 times[name].append(resume_once(runs[name]))
                 log(f"  resume {i + 1} of the {name} run: first decision after {times[name][-1]:.2f} s")
-        with open_store(runs["large"], readonly=True) as reader:
+        with open_store(RunDir(runs["large"]).ledger, readonly=True) as reader:
             snaps = reader.snapshots("run")
             large_events = reader.head("run").seq
         small_s, large_s = statistics.median(times["small"]), statistics.median(times["large"])

@@ -156,10 +156,10 @@ def program_text(fn, args, config) -> str:
 
 
 def step_speed(repeats: int, baseline_ref: str, warmup: int = 3) -> dict:
-    from runtime.session import _builtin_config
+    from runtime.session import builtin_config
 
     run_config = Config()
-    model, _ = _builtin_config(run_config)
+    model, _ = builtin_config(run_config)
     rows = run_config.scheduling.groups_per_batch * run_config.sampling.group_size
     objective = run_config.objective()
     baseline = load_baseline_step(baseline_ref)

@@ -66,7 +66,8 @@ def tiny_config(data: str, cache_dir: str, *, steps: int, seed: int) -> dict:
     return {
         "run": {"steps": steps, "seed": seed},
         "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
-        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir, "eval_size": 4},
+        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir},
+        "eval": {"size": 4},
         "data": {"task": "jsonl", "path": data, "eval_fraction": 0.2},
         "sampling": {"group_size": 4, "max_tokens": 4},
         "scheduling": {"groups_per_batch": 2, "max_staleness": 1},
@@ -472,7 +473,7 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
     appended a worker submission and ``uniform(0, max_wait_s)`` more seconds passed, and
     restarted on the same port.
     Returns (the last controller's final line, kills, run directory for audit)."""
-    from ledger.store import write_run_pointer
+    from runtime.rundir import write_run_pointer
 
     deadline = time.monotonic() + timeout_s
     run_id = f"chaos-{os.getpid()}-{int(time.time())}"
@@ -482,13 +483,14 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
     port = free_port()
     target = f"127.0.0.1:{port}"
     env = child_env()
+    token_file = os.path.join(run_dir, "controller.token")  # made by the first controller, kept by the next
     controllers: list[tuple[subprocess.Popen, str]] = []
 
     def start_controller() -> tuple[subprocess.Popen, str]:
         log_path = os.path.join(run_dir, "logs", f"controller.{len(controllers) + 1}.log")
         with open(log_path, "wb") as f:
             p = subprocess.Popen(rlx("controller", "--ledger", url, "--params", os.path.join(run_dir, "params"),
-                                     "--listen", target, "--run", run_id, config),
+                                     "--listen", target, "--run", run_id, "--token-out", token_file, config),
                                  stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)
         controllers.append((p, log_path))
@@ -518,7 +520,7 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
         for role in ROLES:
             with open(os.path.join(run_dir, "logs", f"{role}.log"), "wb") as f:
                 workers.append(subprocess.Popen(rlx("worker", role, "--controller", target, "--worker-id",
-                                                    f"{role}-0", "--retry-for", "120"),
+                                                    f"{role}-0", "--retry-for", "120", "--token-file", token_file),
                                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                                 env=env, start_new_session=True))
         while epoch is not None and len(done) < kills:

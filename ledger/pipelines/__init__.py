@@ -1,7 +1,8 @@
 """Apache Beam pipelines over ledgers (see :mod:`ledger.pipelines.rollouts` and
 :mod:`ledger.pipelines.prompts`).
 
-:func:`export_run` writes a run's rollout rows and version statistics as JSON lines;
+:func:`export_run` writes a run's rollout rows and version statistics as JSON lines (strict
+JSON: a non-finite float is null, see :mod:`ledger.pipelines.jsonl`);
 :func:`curate_run` writes the prompts whose pass rate lies in a band, as data for the next run,
 with per-prompt statistics. The transforms compose into other pipelines
 (``ReadLedger | RolloutRows | …``).
@@ -15,6 +16,7 @@ import os
 from collections.abc import Sequence
 
 from ledger.errors import LedgerError
+from ledger.pipelines import jsonl
 from ledger.pipelines.prompts import PassBand, PromptStats, VersionRange
 from ledger.pipelines.rollouts import DEFAULT_RANGE, ReadLedger, RolloutRows, StepRows, VersionStats
 
@@ -96,7 +98,7 @@ def export_run(target: str, run_id: str, out: str, *, range_events: int = DEFAUL
 
         def encode(row: dict) -> str:
             counter.inc()
-            return json.dumps(row, sort_keys=True)
+            return jsonl.dumps(row)
 
         return (rows
                 | f"Json{name.title()}" >> beam.Map(encode)
@@ -121,7 +123,7 @@ def _write_lines(rows: list, path: str) -> None:
     ``path`` may be any URL the runner can write)."""
     from apache_beam.io.filesystems import FileSystems
 
-    body = "".join(json.dumps(row, sort_keys=True) + "\n" for _, row in sorted(rows, key=lambda kv: kv[0]))
+    body = "".join(jsonl.dumps(row) + "\n" for _, row in sorted(rows, key=lambda kv: kv[0]))
     with FileSystems.create(path) as f:
         f.write(body.encode("utf-8"))
 

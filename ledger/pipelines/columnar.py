@@ -10,11 +10,10 @@ of a step) are JSON strings (``json.loads`` gives the JSON export's value).
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 
 from ledger.errors import LedgerError
+from ledger.pipelines import jsonl
 
 JSON_COLUMNS = frozenset({"sampling", "metrics"})
 """Columns holding a JSON text of the row's dict."""
@@ -59,5 +58,5 @@ def to_record(row: dict, schema: pa.Schema) -> dict:
     out = {}
     for name in schema.names:
         v = row.get(name)
-        out[name] = json.dumps(v, sort_keys=True) if name in JSON_COLUMNS and v is not None else v
+        out[name] = jsonl.dumps(v) if name in JSON_COLUMNS and v is not None else v
     return out

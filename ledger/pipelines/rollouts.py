@@ -24,8 +24,10 @@ from typing import Any
 import apache_beam as beam
 
 from ledger import events as ev
+from ledger.backends import open_store
 from ledger.errors import LedgerError, RunNotFound
-from ledger.store import EventStore, open_store, resolve_url
+from ledger.store import EventStore
+from ledger.url import resolve_url, scheme
 
 DEFAULT_RANGE = 20_000
 """Events per read range: the unit of parallelism of :class:`ReadLedger`."""
@@ -33,7 +35,7 @@ DEFAULT_RANGE = 20_000
 
 def _check_url(target: str) -> str:
     url = resolve_url(target)
-    if url.split("://", 1)[0].lower() in ("memory", ":memory:"):
+    if scheme(url) in ("memory", ":memory:"):
         raise LedgerError(f"a pipeline reads the ledger from its own workers, which cannot see {url!r}; "
                           "give a SQLite file, a run directory or a PostgreSQL URL")
     return url
@@ -99,6 +101,7 @@ EXPORTED = frozenset({
 NOT_EXPORTED: dict[type, str] = {
     ev.RunStarted: "the config and fingerprint belong to the run, not to a row (the export's caller reads them)",
     ev.ControllerStarted: "writer epochs are infrastructure: no rollout, version or step fact",
+    ev.SnapshotTaken: "a snapshot of the controller's fold is infrastructure: no rollout, version or step fact",
     ev.WorkerJoined: "a rollout row names its workers through its leases and completion",
     ev.WorkerLost: "a lost worker's leases appear as the rollout's later attempts",
     ev.PromptsSampled: "each request carries its prompt index",

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlx_controller.proto\x12\x11rlx.controller.v1\"4\n\x05\x45vent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"K\n\x0bJoinRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05slots\x18\x03 \x01(\r\x12\x0c\n\x04info\x18\x04 \x01(\x0c\"\x11\n\x0f\x44\x65scribeRequest\"\x90\x01\n\x07RunInfo\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06\x63onfig\x18\x03 \x01(\x0c\x12\x12\n\nparams_url\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x13\n\x0bheartbeat_s\x18\x06 \x01(\x01\"\\\n\tJoinReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"=\n\x0bPollRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03max\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"\xc4\x01\n\x05Lease\x12\x12\n\nrollout_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x10\n\x08group_id\x18\x03 \x01(\x04\x12\r\n\x05\x62\x61tch\x18\x04 \x01(\x04\x12\x0f\n\x07ordinal\x18\x05 \x01(\r\x12\x14\n\x0cprompt_index\x18\x06 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x04\x12\x16\n\x0eweights_digest\x18\x08 \x01(\t\x12\x0c\n\x04seed\x18\t \x01(\x04\x12\x10\n\x08sampling\x18\n \x01(\x0c\"c\n\tScoreTask\x12\x12\n\nrollout_id\x18\x01 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x04\x12,\n\ncompletion\x18\x03 \x01(\x0b\x32\x18.rlx.controller.v1.Event\"\xa3\x01\n\rSampleRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\x04\x12\x10\n\x08group_id\x18\x02 \x01(\x04\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x04 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x10\n\x08sampling\x18\x07 \x01(\x0c\x12\x0f\n\x07ordinal\x18\x08 \x01(\r\"\x9a\x01\n\x0cTrainRollout\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32 .rlx.controller.v1.SampleRequest\x12,\n\ncompletion\x18\x02 \x01(\x0b\x32\x18.rlx.controller.v1.Event\x12)\n\x07outcome\x18\x03 \x01(\x0b\x32\x18.rlx.controller.v1.Event\"\xa4\x01\n\tTrainTask\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x16\n\x0eparent_version\x18\x02 \x01(\x04\x12\x15\n\rparent_digest\x18\x03 \x01(\t\x12\'\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x18.rlx.controller.v1.Event\x12\x31\n\x08rollouts\x18\x05 \x03(\x0b\x32\x1f.rlx.controller.v1.TrainRollout\"\xbf\x01\n\tPollReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.rlx.controller.v1.Lease\x12,\n\x06scores\x18\x03 \x03(\x0b\x32\x1c.rlx.controller.v1.ScoreTask\x12+\n\x05train\x18\x04 \x01(\x0b\x32\x1c.rlx.controller.v1.TrainTask\"L\n\rSubmitRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x18.rlx.controller.v1.Event\"+\n\x07Verdict\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"j\n\x0bSubmitReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12,\n\x08verdicts\x18\x02 \x03(\x0b\x32\x1a.rlx.controller.v1.Verdict\"F\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08rollouts\x18\x02 \x03(\x04\x12\r\n\x05steps\x18\x03 \x03(\x04\"?\n\x0eHeartbeatReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\"1\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x0c\n\nLeaveReply*N\n\x08Standing\x12\x18\n\x14STANDING_UNSPECIFIED\x10\x00\x12\n\n\x06JOINED\x10\x01\x12\x0e\n\nNOT_JOINED\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\x32\xce\x03\n\nController\x12J\n\x08\x44\x65scribe\x12\".rlx.controller.v1.DescribeRequest\x1a\x1a.rlx.controller.v1.RunInfo\x12\x44\n\x04Join\x12\x1e.rlx.controller.v1.JoinRequest\x1a\x1c.rlx.controller.v1.JoinReply\x12\x44\n\x04Poll\x12\x1e.rlx.controller.v1.PollRequest\x1a\x1c.rlx.controller.v1.PollReply\x12J\n\x06Submit\x12 .rlx.controller.v1.SubmitRequest\x1a\x1e.rlx.controller.v1.SubmitReply\x12S\n\tHeartbeat\x12#.rlx.controller.v1.HeartbeatRequest\x1a!.rlx.controller.v1.HeartbeatReply\x12G\n\x05Leave\x12\x1f.rlx.controller.v1.LeaveRequest\x1a\x1d.rlx.controller.v1.LeaveReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlx_controller.proto\x12\x11rlx.controller.v1\"4\n\x05\x45vent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\r\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"K\n\x0bJoinRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05slots\x18\x03 \x01(\r\x12\x0c\n\x04info\x18\x04 \x01(\x0c\"\x11\n\x0f\x44\x65scribeRequest\"\x90\x01\n\x07RunInfo\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06\x63onfig\x18\x03 \x01(\x0c\x12\x12\n\nparams_url\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x13\n\x0bheartbeat_s\x18\x06 \x01(\x01\"l\n\tJoinReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06secret\x18\x04 \x01(\t\"M\n\x0bPollRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06secret\x18\x04 \x01(\t\x12\x0b\n\x03max\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"\xc4\x01\n\x05Lease\x12\x12\n\nrollout_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x10\n\x08group_id\x18\x03 \x01(\x04\x12\r\n\x05\x62\x61tch\x18\x04 \x01(\x04\x12\x0f\n\x07ordinal\x18\x05 \x01(\r\x12\x14\n\x0cprompt_index\x18\x06 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x04\x12\x16\n\x0eweights_digest\x18\x08 \x01(\t\x12\x0c\n\x04seed\x18\t \x01(\x04\x12\x10\n\x08sampling\x18\n \x01(\x0c\"c\n\tScoreTask\x12\x12\n\nrollout_id\x18\x01 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x02 \x01(\x04\x12,\n\ncompletion\x18\x03 \x01(\x0b\x32\x18.rlx.controller.v1.Event\"\xa3\x01\n\rSampleRequest\x12\x12\n\nrollout_id\x18\x01 \x01(\x04\x12\x10\n\x08group_id\x18\x02 \x01(\x04\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x04 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x10\n\x08sampling\x18\x07 \x01(\x0c\x12\x0f\n\x07ordinal\x18\x08 \x01(\r\"\x9a\x01\n\x0cTrainRollout\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32 .rlx.controller.v1.SampleRequest\x12,\n\ncompletion\x18\x02 \x01(\x0b\x32\x18.rlx.controller.v1.Event\x12)\n\x07outcome\x18\x03 \x01(\x0b\x32\x18.rlx.controller.v1.Event\"\xa4\x01\n\tTrainTask\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x16\n\x0eparent_version\x18\x02 \x01(\x04\x12\x15\n\rparent_digest\x18\x03 \x01(\t\x12\'\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x18.rlx.controller.v1.Event\x12\x31\n\x08rollouts\x18\x05 \x03(\x0b\x32\x1f.rlx.controller.v1.TrainRollout\"\xbf\x01\n\tPollReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12(\n\x06leases\x18\x02 \x03(\x0b\x32\x18.rlx.controller.v1.Lease\x12,\n\x06scores\x18\x03 \x03(\x0b\x32\x1c.rlx.controller.v1.ScoreTask\x12+\n\x05train\x18\x04 \x01(\x0b\x32\x1c.rlx.controller.v1.TrainTask\"\\\n\rSubmitRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06secret\x18\x03 \x01(\t\x12(\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x18.rlx.controller.v1.Event\"+\n\x07Verdict\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"j\n\x0bSubmitReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\x12,\n\x08verdicts\x18\x02 \x03(\x0b\x32\x1a.rlx.controller.v1.Verdict\"V\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06secret\x18\x04 \x01(\t\x12\x10\n\x08rollouts\x18\x02 \x03(\x04\x12\r\n\x05steps\x18\x03 \x03(\x04\"?\n\x0eHeartbeatReply\x12-\n\x08standing\x18\x01 \x01(\x0e\x32\x1b.rlx.controller.v1.Standing\"A\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06secret\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x0c\n\nLeaveReply*N\n\x08Standing\x12\x18\n\x14STANDING_UNSPECIFIED\x10\x00\x12\n\n\x06JOINED\x10\x01\x12\x0e\n\nNOT_JOINED\x10\x02\x12\x0c\n\x08\x46INISHED\x10\x03\x32\xce\x03\n\nController\x12J\n\x08\x44\x65scribe\x12\".rlx.controller.v1.DescribeRequest\x1a\x1a.rlx.controller.v1.RunInfo\x12\x44\n\x04Join\x12\x1e.rlx.controller.v1.JoinRequest\x1a\x1c.rlx.controller.v1.JoinReply\x12\x44\n\x04Poll\x12\x1e.rlx.controller.v1.PollRequest\x1a\x1c.rlx.controller.v1.PollReply\x12J\n\x06Submit\x12 .rlx.controller.v1.SubmitRequest\x1a\x1e.rlx.controller.v1.SubmitReply\x12S\n\tHeartbeat\x12#.rlx.controller.v1.HeartbeatRequest\x1a!.rlx.controller.v1.HeartbeatReply\x12G\n\x05Leave\x12\x1f.rlx.controller.v1.LeaveRequest\x1a\x1d.rlx.controller.v1.LeaveReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlx_controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STANDING']._serialized_start=1914
-  _globals['_STANDING']._serialized_end=1992
+  _globals['_STANDING']._serialized_start=1994
+  _globals['_STANDING']._serialized_end=2072
   _globals['_EVENT']._serialized_start=43
   _globals['_EVENT']._serialized_end=95
   _globals['_JOINREQUEST']._serialized_start=97
@@ -42,35 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNINFO']._serialized_start=194
   _globals['_RUNINFO']._serialized_end=338
   _globals['_JOINREPLY']._serialized_start=340
-  _globals['_JOINREPLY']._serialized_end=432
-  _globals['_POLLREQUEST']._serialized_start=434
-  _globals['_POLLREQUEST']._serialized_end=495
-  _globals['_LEASE']._serialized_start=498
-  _globals['_LEASE']._serialized_end=694
-  _globals['_SCORETASK']._serialized_start=696
-  _globals['_SCORETASK']._serialized_end=795
-  _globals['_SAMPLEREQUEST']._serialized_start=798
-  _globals['_SAMPLEREQUEST']._serialized_end=961
-  _globals['_TRAINROLLOUT']._serialized_start=964
-  _globals['_TRAINROLLOUT']._serialized_end=1118
-  _globals['_TRAINTASK']._serialized_start=1121
-  _globals['_TRAINTASK']._serialized_end=1285
-  _globals['_POLLREPLY']._serialized_start=1288
-  _globals['_POLLREPLY']._serialized_end=1479
-  _globals['_SUBMITREQUEST']._serialized_start=1481
-  _globals['_SUBMITREQUEST']._serialized_end=1557
-  _globals['_VERDICT']._serialized_start=1559
-  _globals['_VERDICT']._serialized_end=1602
-  _globals['_SUBMITREPLY']._serialized_start=1604
-  _globals['_SUBMITREPLY']._serialized_end=1710
-  _globals['_HEARTBEATREQUEST']._serialized_start=1712
-  _globals['_HEARTBEATREQUEST']._serialized_end=1782
-  _globals['_HEARTBEATREPLY']._serialized_start=1784
-  _globals['_HEARTBEATREPLY']._serialized_end=1847
-  _globals['_LEAVEREQUEST']._serialized_start=1849
-  _globals['_LEAVEREQUEST']._serialized_end=1898
-  _globals['_LEAVEREPLY']._serialized_start=1900
-  _globals['_LEAVEREPLY']._serialized_end=1912
-  _globals['_CONTROLLER']._serialized_start=1995
-  _globals['_CONTROLLER']._serialized_end=2457
+  _globals['_JOINREPLY']._serialized_end=448
+  _globals['_POLLREQUEST']._serialized_start=450
+  _globals['_POLLREQUEST']._serialized_end=527
+  _globals['_LEASE']._serialized_start=530
+  _globals['_LEASE']._serialized_end=726
+  _globals['_SCORETASK']._serialized_start=728
+  _globals['_SCORETASK']._serialized_end=827
+  _globals['_SAMPLEREQUEST']._serialized_start=830
+  _globals['_SAMPLEREQUEST']._serialized_end=993
+  _globals['_TRAINROLLOUT']._serialized_start=996
+  _globals['_TRAINROLLOUT']._serialized_end=1150
+  _globals['_TRAINTASK']._serialized_start=1153
+  _globals['_TRAINTASK']._serialized_end=1317
+  _globals['_POLLREPLY']._serialized_start=1320
+  _globals['_POLLREPLY']._serialized_end=1511
+  _globals['_SUBMITREQUEST']._serialized_start=1513
+  _globals['_SUBMITREQUEST']._serialized_end=1605
+  _globals['_VERDICT']._serialized_start=1607
+  _globals['_VERDICT']._serialized_end=1650
+  _globals['_SUBMITREPLY']._serialized_start=1652
+  _globals['_SUBMITREPLY']._serialized_end=1758
+  _globals['_HEARTBEATREQUEST']._serialized_start=1760
+  _globals['_HEARTBEATREQUEST']._serialized_end=1846
+  _globals['_HEARTBEATREPLY']._serialized_start=1848
+  _globals['_HEARTBEATREPLY']._serialized_end=1911
+  _globals['_LEAVEREQUEST']._serialized_start=1913
+  _globals['_LEAVEREQUEST']._serialized_end=1978
+  _globals['_LEAVEREPLY']._serialized_start=1980
+  _globals['_LEAVEREPLY']._serialized_end=1992
+  _globals['_CONTROLLER']._serialized_start=2075
+  _globals['_CONTROLLER']._serialized_end=2537
 # @@protoc_insertion_point(module_scope)

@@ -61,24 +61,28 @@ class RunInfo(_message.Message):
     def __init__(self, standing: _Optional[_Union[Standing, str]] = ..., run_id: _Optional[str] = ..., config: _Optional[bytes] = ..., params_url: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("standing", "worker_id", "epoch")
+    __slots__ = ("standing", "worker_id", "epoch", "secret")
     STANDING_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     standing: Standing
     worker_id: str
     epoch: int
-    def __init__(self, standing: _Optional[_Union[Standing, str]] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    secret: str
+    def __init__(self, standing: _Optional[_Union[Standing, str]] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class PollRequest(_message.Message):
-    __slots__ = ("worker_id", "max", "wait_s")
+    __slots__ = ("worker_id", "secret", "max", "wait_s")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     MAX_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
+    secret: str
     max: int
     wait_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., max: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ..., max: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("rollout_id", "attempt", "group_id", "batch", "ordinal", "prompt_index", "policy_version", "weights_digest", "seed", "sampling")
@@ -171,12 +175,14 @@ class PollReply(_message.Message):
     def __init__(self, standing: _Optional[_Union[Standing, str]] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ..., scores: _Optional[_Iterable[_Union[ScoreTask, _Mapping]]] = ..., train: _Optional[_Union[TrainTask, _Mapping]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("worker_id", "events")
+    __slots__ = ("worker_id", "secret", "events")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
+    secret: str
     events: _containers.RepeatedCompositeFieldContainer[Event]
-    def __init__(self, worker_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("accepted", "reason")
@@ -195,14 +201,16 @@ class SubmitReply(_message.Message):
     def __init__(self, standing: _Optional[_Union[Standing, str]] = ..., verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "rollouts", "steps")
+    __slots__ = ("worker_id", "secret", "rollouts", "steps")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
+    secret: str
     rollouts: _containers.RepeatedScalarFieldContainer[int]
     steps: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, worker_id: _Optional[str] = ..., rollouts: _Optional[_Iterable[int]] = ..., steps: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ..., rollouts: _Optional[_Iterable[int]] = ..., steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("standing",)
@@ -211,12 +219,14 @@ class HeartbeatReply(_message.Message):
     def __init__(self, standing: _Optional[_Union[Standing, str]] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker_id", "reason")
+    __slots__ = ("worker_id", "secret", "reason")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
+    secret: str
     reason: str
-    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
     __slots__ = ()

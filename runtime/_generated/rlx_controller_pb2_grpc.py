@@ -77,7 +77,7 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Join(self, request, context):
-        """Register a worker of a role; answers the run it works for.
+        """Register a worker of a role; answers the run it works for and the secret of its later calls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

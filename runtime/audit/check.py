@@ -21,8 +21,9 @@ __all__ = ["NAMES", "Violation", "check_run"]
 
 
 def check_run(events: Iterable[StoredEvent], *, stored: Mapping[int, str] | None = None,
-              unreadable: Mapping[int, str] | None = None, absent: str | None = None) -> list[Violation]:
-    """Every violation of I1–I8 in a run, in ledger order.
+              unreadable: Mapping[int, str] | None = None, absent: str | None = None,
+              vocab_size: int | None = None) -> list[Violation]:
+    """Every violation of I1–I9 in a run, in ledger order.
 
     Args:
       events: the run's stored events, in seq order.
@@ -31,6 +32,7 @@ def check_run(events: Iterable[StoredEvent], *, stored: Mapping[int, str] | None
       unreadable: versions present in the store whose data could not be read, with the reason.
       absent: why the run's parameter store could not be read at all (it does not exist, it
         cannot be opened); every version the ledger retains is then missing from it.
+      vocab_size: the run's model's vocabulary size (I9); None: token ids only checked to be >= 0.
     """
     events = list(events)
     unreadable = dict(unreadable or {})
@@ -38,7 +40,7 @@ def check_run(events: Iterable[StoredEvent], *, stored: Mapping[int, str] | None
         stored, unreadable = {}, {}
     digest_of = None if stored is None else stored.get
     why = "" if absent is None else f" ({absent})"
-    out = check(events, digest_of=digest_of)
+    out = check(events, digest_of=digest_of, vocab_size=vocab_size)
     if stored is not None:
         for v, seq in Provenance.from_events(events).retained().items():
             if v in unreadable:

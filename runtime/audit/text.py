@@ -41,4 +41,11 @@ class RunText:
         return None if self._task is None else self._task.problem("train", index).prompt
 
     def completion(self, token_ids: Sequence[int]) -> str | None:
-        return None if self._codec is None else self._codec.decode(token_ids)
+        """The text of ``token_ids``; None when an id is not one of the tokenizer's (negative, or
+        beyond its vocabulary: a ledger written before submissions were checked may hold one)."""
+        if self._codec is None or any(t < 0 for t in token_ids):
+            return None
+        try:
+            return self._codec.decode(token_ids)
+        except (OverflowError, ValueError, IndexError, KeyError):
+            return None

@@ -101,6 +101,19 @@ def _stored_versions(directory: str, config: dict) -> tuple[dict[int, str], dict
     return stored, unreadable, None
 
 
+def _vocab_size(config: dict) -> int | None:
+    """The vocabulary size of the run's model (I9), None when its checkpoint cannot be read here:
+    token ids are then only checked to be >= 0."""
+    from runtime.config import Config
+    from runtime.errors import RlxError
+    from runtime.host.admission import bounds
+
+    try:
+        return bounds(Config.from_dict(config)).vocab_size
+    except (RlxError, OSError, ValueError):
+        return None
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from ledger import events as ev
     from runtime.audit import NAMES, check_run
@@ -113,7 +126,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if chain.ok:
         config: dict = next((s.event.config for s in source.events[:1] if isinstance(s.event, ev.RunStarted)), {})
         stored, unreadable, absent = _stored_versions(args.directory, config)
-        violations = check_run(source.events, stored=stored, unreadable=unreadable, absent=absent)
+        violations = check_run(source.events, stored=stored, unreadable=unreadable, absent=absent,
+                               vocab_size=_vocab_size(config))
         kinds = {s.seq: s.kind for s in source.events}
     ok = chain.ok and not violations
     rows = [{"invariant": v.invariant, "seq": v.seq, "kind": kinds.get(v.seq, "end"), "message": v.message}

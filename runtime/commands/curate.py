@@ -40,20 +40,23 @@ def cmd_curate(args: argparse.Namespace) -> int:
 
     logging.getLogger().addHandler(logging.NullHandler())  # Beam's import-time notices are not ours to print
     from ledger.pipelines.prompts import PassBand, VersionRange
-    from runtime.commands.ledger import _one_run, _open
+    from runtime.commands.ledger import one_run, open_target
     from runtime.errors import UsageError
+    from runtime.rundir import check_creatable
 
     band = PassBand.parse(args.min_pass, args.max_pass)
     versions = VersionRange.parse(args.versions)
     stats = args.stats or f"{args.out}.stats.jsonl"
     if os.path.abspath(stats) == os.path.abspath(args.out):
         raise UsageError(f"--stats and --out are the same file {args.out!r}")
-    if not args.force:
-        for path in (args.out, stats):
-            if "://" not in path and os.path.exists(path):
-                raise UsageError(f"{path!r} exists; choose another path or pass --force to replace it")
-    with _open(args.target, readonly=True) as store:
-        run = _one_run(store, args.run_id, args.target)
+    for flag, path in (("--out", args.out), ("--stats", stats)):
+        if "://" in path:  # a URL the Beam runner writes
+            continue
+        if not args.force and os.path.exists(path):
+            raise UsageError(f"{path!r} exists; choose another path or pass --force to replace it")
+        check_creatable(path, flag, directory=False)
+    with open_target(args.target, readonly=True) as store:
+        run = one_run(store, args.run_id, args.target)
         if run is None:
             raise UsageError(f"{args.target}: no runs")
         first = next(iter(store.read(run, 1, 1)), None)

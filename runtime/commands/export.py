@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from runtime.export import export_version
+    from runtime.rundir import check_creatable
 
+    check_creatable(args.out, "--out")  # before the ledger is read or a tensor loaded
     done = export_version(args.directory, args.version, args.out, run_id=args.run_id, dtype=args.dtype,
                           max_shard_bytes=args.max_shard_size)
     weights = sum(name.endswith(".safetensors") for name in done.files)

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from runtime.commands.arguments import count
+from runtime.rundir import pointed_run  # importing it also lets open_store take a run directory
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ledger", help="inspect, verify, repair and export a ledger")
@@ -29,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             sp.add_argument("--run", dest="run_id", help="only this run (default: every run)")
         sp.add_argument("--json", action="store_true", help="print one JSON object")
 
-    sp = sub.add_parser("verify", help="recompute the hash chain and decode every event")
+    sp = sub.add_parser("verify", help="recompute the hash chain, decode every event and prove the controller's snapshots")
     target(sp)
     sp.set_defaults(func=cmd_verify)
 
@@ -45,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("tail", help="print the last events of a run, optionally following new ones")
     target(sp)
     sp.add_argument("-n", type=int, default=20, help="how many of the last events (default 20)")
-    sp.add_argument("--from", dest="from_seq", type=int, help="start at this seq instead of the last N")
+    sp.add_argument("--from", dest="from_seq", type=count(1, 2**63 - 1), help="start at this seq instead of the last N")
     sp.add_argument("--follow", "-f", action="store_true", help="keep printing new events as they commit")
     sp.set_defaults(func=cmd_tail)
 
@@ -63,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_export, takes_passthrough=True)
 
 
-def _open(target: str, *, create: bool = False, readonly: bool = False):
+def open_target(target: str, *, create: bool = False, readonly: bool = False):
     from ledger import open_store
 
     return open_store(target, create=create, readonly=readonly)
@@ -73,7 +76,6 @@ def _runs(store, run_id: str | None, target: str) -> list[str]:
     """``[run_id]``, else the run a run directory's pointer names (its ledger may hold others),
     else every run."""
     from ledger import RunNotFound
-    from ledger.store import pointed_run
 
     run_id = run_id or pointed_run(target)
     runs = store.runs()
@@ -89,21 +91,38 @@ def _emit(obj: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    with _open(args.target, readonly=True) as store:
+    from runtime.controller import snapshot
+
+    with open_target(args.target, readonly=True) as store:
         reports = [store.verify(r) for r in _runs(store, args.run_id, args.target)]
-    ok = all(r.ok for r in reports)
+        # A log whose chain holds is folded once more to prove its snapshots: every stored row,
+        # every SnapshotTaken and every snapshot a ControllerStarted resumed from.
+        proven = {r.run_id: snapshot.proofs(store, r.run_id) if r.ok else [] for r in reports}
+    ok = all(r.ok and all(p.ok for p in proven[r.run_id]) for r in reports)
     if args.json:
-        _emit({"ok": ok, "url": store.url, "runs": [_report_dict(r) for r in reports]})
+        _emit({"ok": ok, "url": store.url, "runs": [
+            {**_report_dict(r), "snapshots": [_proof_dict(p) for p in proven[r.run_id]]} for r in reports]})
     else:
         if not reports:
             print(f"{store.url}: no runs")
         for r in reports:
             if r.ok:
-                print(f"run {r.run_id}: OK, {r.events} events, head seq {r.head_seq}, head digest {r.head_digest[:16]}")
+                good = sum(p.ok for p in proven[r.run_id])
+                also = f", {good} snapshot{'s' if good != 1 else ''} proven" if proven[r.run_id] else ""
+                print(f"run {r.run_id}: OK, {r.events} events, head seq {r.head_seq}, head digest {r.head_digest[:16]}"
+                      + also)
             else:
                 hint = "torn tail: `rlx ledger repair` cuts it" if r.torn_tail else "corruption in the middle"
                 print(f"run {r.run_id}: CORRUPT at seq {r.first_bad_seq}: {r.reason} ({hint})")
+            for p in proven[r.run_id]:
+                if not p.ok:
+                    named = f" (named by seq {p.by})" if p.by else " (stored row)"
+                    print(f"run {r.run_id}: SNAPSHOT at seq {p.seq}{named} is not the fold of the log: {p.reason}")
     return 0 if ok else 1
+
+
+def _proof_dict(p) -> dict:
+    return {"seq": p.seq, "ok": p.ok, "reason": p.reason, "named_by": p.by or None}
 
 
 def _report_dict(r) -> dict:
@@ -121,7 +140,7 @@ def _report_dict(r) -> dict:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    with _open(args.target) as store:
+    with open_target(args.target) as store:
         results = [store.repair(r, force=args.force) for r in _runs(store, args.run_id, args.target)]
     if args.json:
         _emit({"runs": [
@@ -138,7 +157,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args.target, readonly=True) as store:
+    with open_target(args.target, readonly=True) as store:
         stats = store.stats()
     if args.json:
         _emit(stats)
@@ -177,12 +196,12 @@ def summarize(value: Any) -> Any:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    with _open(args.target, readonly=True) as store:
+    with open_target(args.target, readonly=True) as store:
         if args.n < 1 and args.from_seq is None:
             from runtime.errors import UsageError
 
             raise UsageError(f"-n {args.n} is not accepted: show at least 1 event (or start at --from SEQ)")
-        run = _one_run(store, args.run_id, args.target)
+        run = one_run(store, args.run_id, args.target)
         if run is None:
             print(f"{store.url}: no runs")
             return 0
@@ -202,7 +221,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_run(store, run_id: str | None, target: str) -> str | None:
+def one_run(store, run_id: str | None, target: str) -> str | None:
     """The run a single-run command works on: ``run_id``, the run a run directory's pointer
     names, or the ledger's only run."""
     runs = _runs(store, run_id, target)
@@ -219,8 +238,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     import logging
 
     beam_args = list(args.passthrough)
-    with _open(args.target, readonly=True) as store:
-        run = _one_run(store, args.run_id, args.target)
+    if "://" not in args.out:  # else a URL the Beam runner writes
+        from runtime.rundir import check_creatable
+
+        check_creatable(args.out, "--out")
+    with open_target(args.target, readonly=True) as store:
+        run = one_run(store, args.run_id, args.target)
         first = next(iter(store.read(run, 1, 1)), None) if run is not None else None
     if run is None:
         print(f"{args.target}: no runs")

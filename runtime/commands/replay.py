@@ -6,13 +6,15 @@ import argparse
 import json
 import sys
 
+from runtime.commands.arguments import count
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "replay", help="re-run every train step (and optionally every rollout) from the ledger and compare digests")
     p.add_argument("directory", metavar="DIR", help="run directory (ledger.db, params/)")
     p.add_argument("--run", dest="run_id", help="the run, when the ledger holds several")
-    p.add_argument("--from-version", type=int, default=0, metavar="V",
+    p.add_argument("--from-version", type=count(0, 2**63 - 1), default=0, metavar="V",
                    help="re-train from version V, or the newest version before it the run kept (params.keep_every), "
                         "loaded from the run's parameter store (default 0)")
     p.add_argument("--regenerate", action="store_true",

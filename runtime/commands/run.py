@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_resume)
 
 
-def _config(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace):
     from runtime.config import load_config
 
     overrides = []
@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime import compile_cache
     from runtime.run import run
 
-    config = _config(args)
+    config = config_from_args(args)
     compile_cache.enable()  # the model, engine and train step this machine compiled before
     console = Console()
     summary = run(config, args.out, progress=not args.no_progress, log=lambda m: console.print(m))
@@ -89,9 +89,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     from runtime import compile_cache
     from runtime.errors import UsageError
+    from runtime.evaluation import greedy_pass_rate
     from runtime.session import build_session
 
-    config = _config(args)
+    config = config_from_args(args)
     compile_cache.enable()
     if config.pretrain.steps < 1:
         raise UsageError(f"pretrain.steps must be >= 1 for rlx pretrain, got {config.pretrain.steps}")
@@ -103,10 +104,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.out!r} already holds a checkpoint (config.json); choose another --out")
     console = Console()
     session = build_session(config, log=lambda m: console.print(m), warm_checkpoint=True)
-    rate = session.evaluate(session.model.params, limit=config.pretrain.eval_size)
+    rate = greedy_pass_rate(session.engine, session.task, session.codec, session.model.params,
+                            size=config.eval.size, max_tokens=config.max_tokens)
     warm = session.warm_start
     console.print(f"checkpoint ({'loaded from the cache' if warm['cached'] else 'trained now'}): {warm['checkpoint']}")
-    console.print(f"held-out greedy pass rate: {rate:.1%} ({min(config.pretrain.eval_size, session.task.eval_size)} problems)")
+    console.print(f"held-out greedy pass rate: {rate:.1%} ({min(config.eval.size, session.task.eval_size)} problems)")
     if args.out is not None:
         from runtime.model import save_hf
 
@@ -139,10 +141,12 @@ def _print_summary(console, summary: dict, out: str) -> None:
     from runtime.rundir import RunDir
 
     t = Table(title=f"run {summary['run']}", show_header=False)
+    before, after = summary["eval_before"], summary["eval_after"]
     rows = [
         ("steps", str(summary["steps"])),
-        ("held-out pass rate", f"{summary['eval_before']:.1%} → {summary['eval_after']:.1%} "
-                               f"({summary['eval_size']} problems, greedy)"),
+        ("held-out pass rate", "not evaluated (eval.every_steps = 0)" if after is None else
+         f"{'-' if before is None else f'{before:.1%}'} → {after:.1%} "
+         f"({summary['eval_size']} problems, greedy, versions 0 and {summary['final_version']})"),
         ("train reward", f"{summary['reward_curve'][0]:.3f} → {summary['reward_curve'][-1]:.3f}"
          if summary["reward_curve"] else "-"),
         ("rollouts", f"{summary['rollouts']} ({summary['rollout_tokens_per_s']:,.0f} tokens/s)"),

@@ -46,7 +46,29 @@ def listen_settings(args: argparse.Namespace):
     )
     security.check(address)
     security.credentials()  # reads and checks the PEM files now, not at bind time
+    check_bindable(address)
     return address, security
+
+
+def check_bindable(address) -> None:
+    """Refuse, in one line, an address this process could not listen on (a port in use, an
+    address not this host's), before anything is started or created; gRPC would log it from C
+    first. Port 0 (any free port) always binds."""
+    import socket
+
+    from verifiers.errors import ConfigError
+
+    if address.port == 0:
+        return
+    try:
+        for family, kind, proto, _, where in socket.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM,
+                                                                flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's listener does
+                s.bind(where)
+    except OSError:  # the words of ServerSecurity.bind, which gRPC's own failure gets
+        raise ConfigError(f"cannot listen on {address.target}: the port is in use or the address is not this "
+                          "host's") from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

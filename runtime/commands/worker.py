@@ -4,18 +4,23 @@
 it creates the run from a config (``--config``/``--set``) if the ledger does not hold it, and
 otherwise continues it under a new writer epoch (an older controller still running is fenced).
 ``rlx worker inference|verifier|trainer --controller HOST:PORT[,HOST:PORT]`` is one worker;
-``rlx worker trainer --gang RANK/SIZE --coordinator HOST:PORT`` one rank of a trainer gang
+``rlx worker trainer --gang RANK/SIZE --coordinator unix:PATH|HOST:PORT`` one rank of a trainer gang
 (``runtime.trainer.gang``), on this machine or another.
 Both listen and connect with the rules of every rlx service: loopback by default, a token for
-any other address (``$RLX_TOKEN`` or ``--token-file``), TLS by flags.
+any other address (``$RLX_TOKEN`` or ``--token-file``), TLS by flags. A controller on loopback
+given no token makes one, kept in a file only its user can read (``--token-out``), which its
+workers read with ``--token-file``.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from runtime.commands.arguments import seconds
 from runtime.commands.run import add_config_arguments
 from runtime.commands.serve import add_listen_arguments
+
+MAX_RETRY_FOR_S = 7 * 24 * 3600.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,13 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-root-cert", metavar="PEM", help="CA of the controller's certificate: connect with TLS")
     p.add_argument("--tls-client-cert", metavar="PEM", help="this worker's certificate (mutual TLS)")
     p.add_argument("--tls-client-key", metavar="PEM", help="this worker's key (with --tls-client-cert)")
-    p.add_argument("--retry-for", type=float, default=600.0, metavar="S",
-                   help="give up after S seconds without a controller (default 600)")
+    p.add_argument("--retry-for", type=seconds(0, MAX_RETRY_FOR_S), default=600.0, metavar="S",
+                   help=f"give up after S seconds without a controller (default 600; at most {MAX_RETRY_FOR_S:g})")
     p.add_argument("--gang", metavar="RANK/SIZE",
                    help="trainer only: this process is rank RANK of a trainer gang of SIZE processes "
                         "(jax.distributed); rank 0 serves the coordinator and talks to the controller")
-    p.add_argument("--coordinator", metavar="HOST:PORT",
-                   help="with --gang: the address rank 0 serves the gang's coordinator on (every rank the same)")
+    p.add_argument("--coordinator", metavar="unix:PATH|HOST:PORT",
+                   help="with --gang: the address rank 0 serves the gang's coordinator on (every rank the same); "
+                        "on one machine a Unix socket in a directory only you can enter (mode 700), across "
+                        "machines an address on a network private to the gang (the coordinator has no authentication)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="exit when the process that started this one exits (used by rlx run)")
     p.set_defaults(func=cmd_worker)
@@ -47,8 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--listen", default="127.0.0.1:7000", metavar="HOST:PORT",
                    help="address to serve workers on (default 127.0.0.1:7000; any other host needs a token)")
     c.add_argument("--run", dest="run_id", help="run id (default: run.name of the config)")
-    add_config_arguments(c)  # of a new run; a run the ledger holds goes on with its logged config
+    add_config_arguments(c)  # of a new run; a run the ledger holds goes on with its logged config (same or none)
     add_listen_arguments(c, port=False)
+    c.add_argument("--token-out", metavar="FILE",
+                   help="given no token, where the controller keeps the one it makes (mode 0600; kept for its "
+                        "successors) and its workers read it with --token-file (default: controller.token beside "
+                        "a SQLite ledger, else in the current directory)")
     c.set_defaults(func=cmd_controller, steps_field="run.steps")
 
 
@@ -81,7 +92,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_controller(args: argparse.Namespace) -> int:
     import json
 
-    from runtime.commands.run import _config
+    from runtime.commands.run import config_from_args
     from runtime.deploy import serve_controller
     from runtime.errors import UsageError
 
@@ -89,12 +100,14 @@ def cmd_controller(args: argparse.Namespace) -> int:
     if not sep or not port.isdigit():
         raise UsageError(f"--listen {args.listen!r} is not HOST:PORT (e.g. 127.0.0.1:7000)")
     args.host, args.port = host, int(port)
+    given = args.config is not None or bool(args.overrides) or any(
+        getattr(args, flag) is not None for flag in ("steps", "seed", "model", "data"))
     if args.run_id is not None:
         args.overrides.append(f"run.name={json.dumps(args.run_id)}")
     from runtime.commands.serve import listen_settings
 
     address, security = listen_settings(args)
     summary = serve_controller(args.ledger, args.params, address, security, run_id=args.run_id,
-                               config=lambda: _config(args))
+                               config=config_from_args(args), config_given=given, token_out=args.token_out)
     print(json.dumps(summary, sort_keys=True), flush=True)
     return 0

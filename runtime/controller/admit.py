@@ -14,8 +14,11 @@ are pure functions of (weights, prompt, sampling, seed), so which one wins does 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import numpy as np
 
 from ledger import events as ev
 from runtime.controller.spec import ControllerSpec
@@ -63,6 +66,7 @@ class StateView(Protocol):
 INPUT_KINDS = frozenset({
     ev.RunStarted, ev.ControllerStarted, ev.WorkerJoined, ev.WorkerLost, ev.RolloutCompleted,
     ev.RolloutAbandoned, ev.OutcomeRecorded, ev.TrainStepCompleted, ev.WeightsPublished, ev.VersionEvaluated,
+    ev.SnapshotTaken,
 })
 """Event kinds that enter from outside (workers, the clock, the shell, the evaluator)."""
 
@@ -172,10 +176,15 @@ def _controller_started(s: StateView, e: ev.ControllerStarted) -> str | None:
     return f"epoch {e.epoch} is not above {s.epoch}" if e.epoch <= s.epoch else None
 
 
+def _snapshot_taken(s: StateView, e: ev.SnapshotTaken) -> str | None:
+    return None  # the controller's own note beside its fold: it changes nothing
+
+
 # Each guard takes a state and an input of its key's kind.
 _GUARDS: dict[type, Callable[[StateView, Any], str | None]] = {
     ev.RunStarted: _run_started,
     ev.ControllerStarted: _controller_started,
+    ev.SnapshotTaken: _snapshot_taken,
     ev.WorkerJoined: _worker_joined,
     ev.WorkerLost: _worker_lost,
     ev.RolloutCompleted: _completion,
@@ -209,3 +218,91 @@ def admit(state: StateView, event: ev.Event) -> str | None:
     if type(event) not in INPUT_KINDS:
         return f"{event.KIND} is decided by the controller, not submitted"
     return guard(state, event)
+
+
+def publication(events: Sequence[ev.Event]) -> str | None:
+    """Why ``events`` are not one trainer result, or None: a train step's ``TrainStepCompleted``
+    and ``WeightsPublished`` of the same step, together, or ``WeightsPublished`` 0 alone. A step
+    completed without its weights (or the other way round) would leave no step to hand out."""
+    kinds = [type(e) for e in events]
+    if kinds == [ev.WeightsPublished] and events[0].version == 0:  # type: ignore[attr-defined]
+        return None
+    if kinds == [ev.TrainStepCompleted, ev.WeightsPublished] and events[0].step == events[1].version:  # type: ignore[attr-defined]
+        return None
+    got = ", ".join(f"{e.KIND} {getattr(e, 'step', getattr(e, 'version', '?'))}" for e in events[:4])
+    more = ", …" if len(events) > 4 else ""
+    return ("a trainer submits a step's TrainStepCompleted and WeightsPublished of the same step together, or "
+            f"WeightsPublished 0 alone; got: {got or 'nothing'}{more}")
+
+
+# -- values -----------------------------------------------------------------------------------
+# What an input's numbers may be, beyond their types. The host's admission refuses an input out
+# of range before the controller sees it (``runtime.host.admission``) and audit flags one that a
+# ledger holds (``runtime.controller.invariants``); the fold does not check them, since the
+# model's vocabulary is not in the ledger.
+
+REWARD_RANGE = (0.0, 1.0)
+"""Every task's rewards lie in ``[0, 1]``: ``Task.reward`` gives 1 for a pass and 0 or partial
+credit (a fraction of the tests passed) otherwise; a passed outcome earns the top of the range."""
+FINISH_STOP, FINISH_LENGTH = "stop", "length"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class Bounds(NamedTuple):
+    """The run's limits on a completion: the model's vocabulary (token ids in ``[0,
+    vocab_size)``) and ``sampling.max_tokens``. None: not known here (token ids are then only
+    checked to be >= 0, lengths not at all)."""
+
+    vocab_size: int | None = None
+    max_tokens: int | None = None
+
+
+UNBOUNDED = Bounds()
+"""No known limit: token ids only checked to be >= 0, lengths not at all."""
+
+
+def completion_values(e: ev.RolloutCompleted, bounds: Bounds) -> str | None:
+    """Why completion ``e``'s tokens, log-probs or finish reason cannot come from the run's
+    engine, or None. The engine generates 1 to ``max_tokens`` tokens, each below the vocabulary
+    size with a finite log-prob <= 0; it finishes with ``"stop"`` on a stop token (kept as the
+    last token, at any length up to ``max_tokens``) and with ``"length"`` only at ``max_tokens``."""
+    rid, tokens, logprobs = e.rollout_id, e.tokens, e.logprobs
+    n = len(tokens)
+    if n == 0:
+        return f"rollout {rid}: a completion has at least one token"
+    low, high = int(tokens.min()), int(tokens.max())
+    vocab = bounds.vocab_size
+    if low < 0 or (vocab is not None and high >= vocab):
+        bad = low if low < 0 else high
+        where = int(np.flatnonzero(tokens == bad)[0])
+        accepted = "ids >= 0" if vocab is None else f"ids in [0, {vocab}) (the model's vocabulary)"
+        return f"rollout {rid}: token {where} is id {bad}; accepted: {accepted}"
+    bad_logprob = ~(np.isfinite(logprobs) & (logprobs <= 0))
+    if bad_logprob.any():
+        where = int(np.flatnonzero(bad_logprob)[0])
+        return f"rollout {rid}: token {where} has log-prob {float(logprobs[where])!r}; a log-prob is finite and <= 0"
+    reason = e.finish_reason
+    if reason not in (FINISH_STOP, FINISH_LENGTH):
+        return f"rollout {rid}: finish reason {str(reason)[:40]!r}; accepted: 'stop', 'length'"
+    m = bounds.max_tokens
+    if m is not None:
+        if n > m:
+            return f"rollout {rid}: {n} tokens; sampling.max_tokens is {m}"
+        if reason == FINISH_LENGTH and n != m:
+            return (f"rollout {rid}: finish reason 'length' after {n} tokens; it is given at sampling.max_tokens "
+                    f"({m}) only, 'stop' before")
+    return None
+
+
+def outcome_values(e: ev.OutcomeRecorded) -> str | None:
+    """Why outcome ``e``'s reward is out of the task's range (:data:`REWARD_RANGE`), or None."""
+    reward = e.reward
+    low, high = REWARD_RANGE
+    if not (isinstance(reward, float) and math.isfinite(reward) and abs(reward) <= _FLOAT32_MAX):
+        return f"rollout {e.rollout_id}: reward {reward!r} is not finite in float32"
+    if not low <= reward <= high:
+        return f"rollout {e.rollout_id}: reward {reward!r} is outside the tasks' range [{low}, {high}]"
+    if e.passed and reward != high:
+        return f"rollout {e.rollout_id}: a passed outcome earns reward {high}, not {reward!r}"
+    return None
+

@@ -1,4 +1,4 @@
-"""The invariants I1–I8 of DESIGN.md, checked over a ledger's events.
+"""The invariants I1–I8 of DESIGN.md, and the value ranges of I9, checked over a ledger's events.
 
 Pure: ``check(events)`` takes the events of one run (plain, numbered from 1, or stored with
 their seqs) and returns every violation found, each naming the invariant, the seq and what is
@@ -8,7 +8,12 @@ consumed twice, a completion duplicated, a batch beyond the staleness bound) is 
 where the edit keeps the hash chain valid. ``rlx audit check`` and the property tests use it.
 
 I6 is checked by replaying the ledger with decision checking (``replay``); I8's second half
-(each digest matches the stored weights) needs the parameter store, passed as ``digest_of``.
+(each digest matches the stored weights) needs the parameter store, passed as ``digest_of``. I9
+holds the recorded values to what the run could have produced (the rules the host's admission
+applies, ``runtime.controller.admit.completion_values`` and ``outcome_values``), so a ledger
+poisoned before admission checked them (an id outside the vocabulary, a NaN log-prob, a reward
+out of range) is named; its vocabulary half needs the model's vocabulary size, passed as
+``vocab_size``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 from ledger import events as ev
 from ledger.store import StoredEvent
 from runtime import rng
+from runtime.controller.admit import Bounds, completion_values, outcome_values
 from runtime.controller.replay import ReplayDivergence, replay
 from runtime.controller.spec import DETERMINISTIC, ControllerSpec, SpecError
 
@@ -33,6 +39,8 @@ NAMES = {
     "I6": "folding the log reproduces the logged decisions",
     "I7": "deterministic mode: batch content is a function of seed, data and weights",
     "I8": "versions form a chain and match the stored weights",
+    "I9": "recorded values are in range: token ids in the vocabulary, at most sampling.max_tokens of them "
+          "with a consistent finish reason, finite log-probs <= 0, rewards in [0, 1]",
 }
 
 
@@ -49,8 +57,11 @@ class Violation:
 
 
 class _Checker:
-    def __init__(self, digest_of: Callable[[int], str | None] | None):
+    def __init__(self, digest_of: Callable[[int], str | None] | None, vocab_size: int | None = None):
         self.digest_of = digest_of
+        self.vocab_size = vocab_size
+        self.bounds = Bounds(vocab_size)
+        self.unpublished: tuple[int, int] | None = None  # (step, seq) of a step whose weights are not yet published
         self.out: list[Violation] = []
         self.spec: ControllerSpec | None = None
         self.requests: dict[int, ev.SampleRequest] = {}
@@ -90,6 +101,9 @@ class _Checker:
             self.spec = ControllerSpec.from_config(e.config, e.seed)
         except SpecError as err:
             self.flag("I6", seq, f"RunStarted config unusable: {err}")
+            return
+        max_tokens = self.spec.sampling.get("max_tokens")
+        self.bounds = Bounds(self.vocab_size, max_tokens if isinstance(max_tokens, int) else None)
 
     def _assigned(self, seq: int, e: ev.RolloutAssigned) -> None:
         for rid in e.rollout_ids:
@@ -99,6 +113,9 @@ class _Checker:
             self.leases[rid] += 1
 
     def _outcome(self, seq: int, e: ev.OutcomeRecorded) -> None:
+        problem = outcome_values(e)
+        if problem is not None:
+            self.flag("I9", seq, problem)
         if e.rollout_id not in self.completed:
             self.flag("I4", seq, f"outcome for rollout {e.rollout_id}, which has no accepted completion")
         elif e.rollout_id in self.scored:
@@ -116,7 +133,18 @@ class _Checker:
     def _trained(self, seq: int, e: ev.TrainStepCompleted) -> None:
         if e.step != self.trained + 1:
             self.flag("I8", seq, f"step {e.step} completed after step {self.trained}")
+        self._lone_step()
         self.trained = e.step
+        self.unpublished = (e.step, seq)
+
+    def _lone_step(self) -> None:
+        """Flag a step completed without its ``WeightsPublished`` right after it: a run whose
+        ledger holds one cannot hand out another step."""
+        if self.unpublished is not None:
+            step, seq = self.unpublished
+            self.flag("I8", seq, f"step {step} completed without its WeightsPublished {step} beside it; "
+                                 "no later step can be handed out")
+            self.unpublished = None
 
     def _requested(self, seq: int, e: ev.RolloutRequested) -> None:
         for q in e.samples():
@@ -133,6 +161,9 @@ class _Checker:
             self.open_batches.setdefault(e.batch, e.policy_version)
 
     def _completed(self, seq: int, e: ev.RolloutCompleted) -> None:
+        problem = completion_values(e, self.bounds)
+        if problem is not None:
+            self.flag("I9", seq, problem)
         rid = e.rollout_id
         q = self.requests.get(rid)
         if q is None:
@@ -225,6 +256,10 @@ class _Checker:
         if v != self.latest + 1:
             self.flag("I8", seq, f"version {v} published after version {self.latest}")
         if v > 0:
+            if self.unpublished == (v, seq - 1):
+                self.unpublished = None
+            else:
+                self._lone_step()
             if e.parent_version != v - 1 or e.parent_digest != self.digests.get(v - 1):
                 self.flag("I8", seq, f"version {v} names parent {e.parent_version} {e.parent_digest[:16]}…, "
                                      f"not version {v - 1}")
@@ -287,6 +322,7 @@ _CHECKS: dict[type, Callable[[_Checker, int, Any], None]] = {
 
 NOT_AUDITED: dict[type, str] = {
     ev.ControllerStarted: "epochs are the store's fencing; replay (I6) re-folds them",
+    ev.SnapshotTaken: "it changes no state; `rlx ledger verify` proves the snapshot it commits to",
     ev.WorkerJoined: "worker registration constrains leases only, which replay (I6) re-checks",
     ev.WorkerLost: "a lost worker's leases go back; replay (I6) re-checks the fold",
     ev.PromptsSampled: "the prompt stream is re-derived and compared by replay (I6)",
@@ -298,22 +334,25 @@ AUDITED = frozenset(_CHECKS)
 
 
 def check(events: Iterable[ev.Event | StoredEvent], *, digest_of: Callable[[int], str | None] | None = None,
-          decisions: bool = True) -> list[Violation]:
-    """Every violation of I1–I8 in a run's events, in ledger order.
+          decisions: bool = True, vocab_size: int | None = None) -> list[Violation]:
+    """Every violation of I1–I9 in a run's events, in ledger order.
 
     Args:
         events: the run's events, plain (numbered from 1) or stored (with their seqs).
         digest_of: the parameter store's digest of a version, or None when it is not stored
             (evicted); enables the weights half of I8.
         decisions: also replay with decision checking (I6).
+        vocab_size: the model's vocabulary size, which every token id must be below (I9); None:
+            ids are only checked to be >= 0.
     """
     events = list(events)
-    checker = _Checker(digest_of)
+    checker = _Checker(digest_of, vocab_size)
     for i, item in enumerate(events, start=1):
         if isinstance(item, StoredEvent):
             checker.run(item.seq, item.event)
         else:
             checker.run(i, item)
+    checker._lone_step()
     out = checker.out
     if decisions:
         try:

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ledger import events as ev
 from ledger.errors import AppendConflict, Fenced, LedgerError
-from ledger.store import EventStore
+from ledger.store import EventStore, Head
 from runtime.controller import snapshot
+from runtime.controller.admit import publication
 from runtime.controller.cache import RolloutCache
 from runtime.controller.decide import decide_and_fold
 from runtime.controller.reduce import Folder
@@ -45,6 +46,9 @@ from runtime.errors import RlxError, UsageError
 from runtime.failpoints import failpoint
 
 Clock = Callable[[], float]
+ADVANCING = frozenset({ev.RolloutCompleted, ev.OutcomeRecorded, ev.TrainStepCompleted, ev.WeightsPublished,
+                       ev.VersionEvaluated})
+"""Inputs that move a run on (joins, losses and abandoned leases do not)."""
 
 
 class ControllerFenced(RlxError):
@@ -100,6 +104,7 @@ class ControllerLoop:
         self._scoring: dict[int, tuple[float, str]] = {}  # rollout id -> when and to whom handed out for scoring
         self._training: dict[int, tuple[float, str]] = {}  # step -> when and to whom handed out for training
         self.completed_tokens = 0  # tokens of the accepted completions this controller appended
+        self.advanced = 0  # accepted inputs that moved the run on (see ADVANCING), for the host's stall watch
         self.last_metrics: dict = {}  # metrics of the newest TrainStepCompleted it appended
 
     # -- construction ---------------------------------------------------------------------------
@@ -135,7 +140,8 @@ class ControllerLoop:
         rec = snapshot.recover(store, run_id, start=start, snapshots=snapshots, check=check, warn=warn)
         loop._state, loop.cache, loop.head_seq = rec.state, rec.cache, rec.seq
         loop.snapshot_seq = rec.snapshot_seq
-        loop.submit([ev.ControllerStarted(loop.epoch, loop.head_seq, dict(fingerprint or {}))])
+        loop.submit([ev.ControllerStarted(loop.epoch, loop.head_seq, dict(fingerprint or {}),
+                                          rec.snapshot_seq, rec.snapshot_digest)])
         return loop
 
     # -- core -----------------------------------------------------------------------------------
@@ -149,8 +155,9 @@ class ControllerLoop:
     def finished(self) -> bool:
         return self._state.finished
 
-    def submit(self, inputs: Sequence[ev.Event]) -> list[Verdict]:
-        """Admit ``inputs``, decide, and append both in one transaction (see module docstring)."""
+    def submit(self, inputs: Sequence[ev.Event], *, whole: bool = False) -> list[Verdict]:
+        """Admit ``inputs``, decide, and append both in one transaction (see module docstring).
+        ``whole``: the inputs are admitted together or not at all (a train step and its weights)."""
         with self._lock:
             if self._fenced:
                 raise ControllerFenced(self._fenced)
@@ -165,6 +172,11 @@ class ControllerLoop:
                 else:
                     self.rejected += 1
                     verdicts.append(Verdict(False, reason))
+            if whole and len(accepted) < len(inputs):
+                why = "; ".join(v.reason or "rejected" for v in verdicts if not v.accepted)
+                self.rejected += len(accepted)
+                return [v if not v.accepted else Verdict(False, f"not admitted without the rest of its submission: {why}")
+                        for v in verdicts]
             if not accepted:
                 return verdicts
             decisions, state = decide_and_fold(folder.state())
@@ -176,6 +188,7 @@ class ControllerLoop:
                 raise ControllerFenced(self._fenced) from e
             self._state = state
             self.head_seq = head.seq
+            self.advanced += sum(1 for e in accepted if type(e) in ADVANCING)
             now = self.clock()
             observe = self.cache.observe
             for event in batch:
@@ -202,13 +215,20 @@ class ControllerLoop:
             return verdicts
 
     def _snapshot(self, digest: bytes) -> None:
-        """Write a snapshot at the head. A failed write (a ledger or I/O error) is remembered in
-        ``snapshot_error``, told to ``warn`` if the previous write was good, and the run goes on:
-        snapshots only shorten a later resume. The next one is tried ``snapshot_every`` events later."""
+        """Write a snapshot of the head's fold and commit to it in the log (``snapshot.commit``:
+        the row, then its ``SnapshotTaken``, which changes no state and moves the head by one). A
+        failed write (a ledger or I/O error) is remembered in ``snapshot_error``, told to ``warn``
+        if the previous write was good, and the run goes on: snapshots only shorten a later
+        resume. The next one is tried ``snapshot_every`` events later. Fenced meanwhile, the loop
+        refuses its next call (this one's inputs are committed)."""
         self.snapshot_seq = self.head_seq
         try:
-            snapshot.write(self.store, self.run_id, self.head_seq, digest, self._state, self.cache,
-                           before_commit=lambda: failpoint("ledger.snapshot"))
+            _, head = snapshot.commit(self.store, self.run_id, Head(self.head_seq, digest), self.epoch, self._state,
+                                      self.cache, before_commit=lambda: failpoint("ledger.snapshot"))
+            self.head_seq = self.snapshot_seq = head.seq
+        except (Fenced, AppendConflict) as e:
+            self._fenced = f"controller of run {self.run_id!r} at epoch {self.epoch} is fenced: {e}"
+            return
         except (LedgerError, OSError) as e:
             self.snapshot_error = f"snapshot of run {self.run_id!r} at seq {self.head_seq} not written: {e}"
             self.snapshot_failures += 1
@@ -236,6 +256,11 @@ class ControllerLoop:
             if self.head_seq == seq and not self._fenced:
                 self._changed.wait(max(0.0, timeout))
             return self.head_seq != seq
+
+    def exclusive(self) -> threading.RLock:
+        """The loop's lock, for a caller whose calls must follow each other with no worker's call
+        in between (a host heartbeating for its worker threads just before the expiry)."""
+        return self._lock
 
     @property
     def fenced(self) -> str | None:
@@ -372,14 +397,57 @@ class ControllerLoop:
             rollouts = tuple(TrainRollout(c.requests[r], c.completions[r], c.outcomes[r]) for r in batch.rollout_ids)
             return TrainTask(step, step - 1, s.versions[step - 1], batch, rollouts)
 
-    def publish(self, events: Sequence[ev.TrainStepCompleted | ev.WeightsPublished]) -> list[Verdict]:
-        """Submit a train step's ``TrainStepCompleted`` + ``WeightsPublished`` (or version 0)."""
-        verdicts = self.submit(events)
+    def publish(self, events: Sequence[ev.TrainStepCompleted | ev.WeightsPublished], *,
+                worker_id: str) -> list[Verdict]:
+        """Submit a train step's ``TrainStepCompleted`` + ``WeightsPublished`` (or version 0) from
+        ``worker_id``: admitted together, and only while :meth:`train_task` has the step handed
+        to that worker (a step completed alone, or by anyone else, would stall the run)."""
         with self._lock:
-            for e in events:
-                step = e.step if isinstance(e, ev.TrainStepCompleted) else e.version
-                self._training.pop(step, None)
-        return verdicts
+            problem = publication(events)
+            if problem is None:
+                step = events[-1].version  # type: ignore[union-attr]
+                holder = self._training.get(step, (0.0, None))[1]
+                if holder != worker_id:
+                    problem = (f"step {step} is not handed to {worker_id!r} for training"
+                               + ("" if holder is None else f" (it is handed to {holder!r})"))
+            if problem is not None:
+                self.rejected += len(events)
+                return [Verdict(False, problem) for _ in events]
+            self._training.pop(step, None)  # accepted, or back to the queue
+            return self.submit(events, whole=True)
+
+    def waiting_for(self) -> str:
+        """What the run waits for, in words: the host tells it when the run has made no progress
+        for a while (``workers.no_progress_s``)."""
+        with self._lock:
+            s = self._state
+            if s.spec is None:
+                return "RunStarted"
+            if 0 <= s.latest < s.trained:  # a ledger written before steps were admitted with their weights
+                return (f"WeightsPublished {s.trained}, which no trainer is asked for: step {s.trained} was "
+                        f"completed without its weights (latest version {s.latest}); the run cannot go on")
+            if s.latest < 0 or (s.trained < s.formed and s.latest == s.trained):
+                step = 0 if s.latest < 0 else s.trained + 1
+                holder = self._training.get(step, (0.0, None))[1]
+                what = ("version 0 (WeightsPublished)" if step == 0
+                        else f"train step {step} (TrainStepCompleted and WeightsPublished)")
+                what += " from a trainer, " + (f"handed to {holder!r}" if holder else "handed to none")
+            else:
+                queued = leased = unscored = 0
+                for r in s.requests.values():
+                    if r.done:
+                        unscored += r.reward is None
+                    elif r.holder is None:
+                        queued += 1
+                    else:
+                        leased += 1
+                what = (f"the rollouts of batch {s.formed + 1}: {leased} leased to inference workers, {queued} "
+                        f"waiting for a lease, {unscored} completed and waiting for a verifier")
+            joined = {w.role for w in s.workers.values()}
+            missing = [role for role in ROLES if role not in joined]
+            if missing:
+                what += f"; no {' or '.join(missing)} worker is joined"
+            return what
 
     # -- time -----------------------------------------------------------------------------------
 

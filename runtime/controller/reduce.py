@@ -156,6 +156,10 @@ def _controller_started(d: _Draft, e: ev.ControllerStarted) -> None:
     d.epoch, d.workers, d.free = e.epoch, INITIAL.workers.mutate(), ()
 
 
+def _snapshot_taken(d: _Draft, e: ev.SnapshotTaken) -> None:
+    pass  # a snapshot of the fold was stored: nothing of the fold changes
+
+
 def _worker_joined(d: _Draft, e: ev.WorkerJoined) -> None:
     w = Worker(e.worker_id, e.role, e.slots, d.joins)
     if e.role == "inference":
@@ -373,6 +377,7 @@ def _run_finished(d: _Draft, e: ev.RunFinished) -> None:
 _HANDLERS: dict[type, Callable[[_Draft, Any], None]] = {
     ev.RunStarted: _run_started,
     ev.ControllerStarted: _controller_started,
+    ev.SnapshotTaken: _snapshot_taken,
     ev.WorkerJoined: _worker_joined,
     ev.WorkerLost: _worker_lost,
     ev.PromptsSampled: _prompts_sampled,

@@ -50,6 +50,8 @@ class SimInference:
         out = []
         for lease in leases:
             tokens, logprobs = fake_rollout(lease.weights_digest, lease.prompt_index, lease.seed, self.max_tokens)
+            cap = lease.sampling["max_tokens"]  # as an engine, never more than the request's sampling.max_tokens
+            tokens, logprobs = tokens[:cap], logprobs[:cap]
             out.append(ev.RolloutCompleted(lease.rollout_id, self.worker_id, lease.attempt, lease.policy_version,
                                            lease.weights_digest, tokens, logprobs, "stop"))
         return out
@@ -109,9 +111,9 @@ def train_once(loop: ControllerLoop, trainer: SimTrainer) -> bool:
     if task is None:
         return False
     if isinstance(task, InitTask):
-        loop.publish([trainer.initialize(task)])
+        loop.publish([trainer.initialize(task)], worker_id=trainer.worker_id)
     else:
-        loop.publish(list(trainer.train(task)))
+        loop.publish(list(trainer.train(task)), worker_id=trainer.worker_id)
     return True
 
 

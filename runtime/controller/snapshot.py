@@ -16,13 +16,22 @@ values packed with the ledger's canonical msgpack codec under a format number
 (:data:`FORMAT`). Events in the cache are kept as their stored ``(kind, version, body)``, so old
 event schemas are upcast on load exactly as when the log is read.
 
-How it is trusted: it names the seq and the chain digest at that seq, and a checksum
-``sha256(chain digest ‖ body)`` covers both. On load the newest snapshot is used whose format this
-software reads, whose checksum holds, whose chain digest is the one stored at its seq, and that
-decodes; any other is skipped with a warning and the next older one tried, down to seq 1. The
-log is then verified incrementally: the tail from the snapshot's seq on is chained from the
+How it is trusted: the log commits to it. The controller stores a snapshot together with a
+:class:`~ledger.events.SnapshotTaken` event that names the sha256 of its body, and the snapshot
+sits at that event's own seq (the event changes no state, so the fold there is the fold before
+it). The row names that seq and the chain digest there; a checksum ``sha256(chain digest ‖ body)``
+catches a torn or flipped row. The checksum has no key, so whoever can write the database can
+rewrite a row and its checksum; the commitment is in the hash chain, so a rewritten row no longer
+matches the log unless the log is rewritten too (which a checked replay of the decisions and
+``rlx ledger verify``'s proof of every commitment against the fold then see). On load the newest
+snapshot is used whose format this software reads, whose checksum holds, whose chain digest is
+the one stored at its seq, whose body is the one the ``SnapshotTaken`` there commits to, and that
+decodes: one read of one event and a hash; any other (a forged row, or one written before
+snapshots were committed) is skipped with a warning and the next older one tried, down to seq 1.
+The log is then verified incrementally: the tail from the snapshot's seq on is chained from the
 digest stored there and decoded while it is folded, in one pass (``rlx ledger verify`` still
-checks the whole chain).
+checks the whole chain, and proves every stored snapshot, every commitment and every snapshot a
+``ControllerStarted`` says it resumed from against the fold).
 """
 
 from __future__ import annotations
@@ -38,9 +47,9 @@ from ledger import chain
 from ledger import events as ev
 from ledger.codec import decode_body, encode_event, pack, unpack
 from ledger.errors import CodecError, CorruptLedger
-from ledger.store import EventStore, StoredEvent, StoredSnapshot
+from ledger.store import EventStore, Head, RawRecord, StoredEvent, StoredSnapshot
 from runtime.controller.cache import RolloutCache
-from runtime.controller.replay import replay
+from runtime.controller.replay import ReplayDivergence, replay
 from runtime.controller.spec import ControllerSpec
 from runtime.controller.state import INITIAL, ControllerState, Group, Plan, Request, Worker
 
@@ -63,6 +72,11 @@ class SnapshotUnreadable(Exception):
 
 def checksum(chain_digest: bytes, body: bytes) -> bytes:
     return hashlib.sha256(chain_digest + body).digest()
+
+
+def body_digest(body: bytes) -> str:
+    """The sha256 of a snapshot body in hex: what ``SnapshotTaken`` and ``ControllerStarted`` record."""
+    return hashlib.sha256(body).hexdigest()
 
 
 # -- encoding ---------------------------------------------------------------------------------------
@@ -150,6 +164,26 @@ def write(store: EventStore, run_id: str, seq: int, chain_digest: bytes, state: 
     return snap
 
 
+def commit(store: EventStore, run_id: str, head: Head, epoch: int, state: ControllerState, cache: RolloutCache,
+           *, keep: int = KEPT, before_commit: Callable[[], None] | None = None) -> tuple[StoredSnapshot, Head]:
+    """Store a snapshot of ``state`` and ``cache`` (the fold of the log up to ``head``) and commit
+    to it in the log: the row first, at the seq and chain digest its ``SnapshotTaken`` will have,
+    then that event, appended after ``head`` as writer ``epoch``. A failure between the two leaves
+    a row the log does not commit to, which a resume skips.
+
+    Raises:
+        Fenced, AppendConflict: another writer holds the run (the row is then not trusted).
+        LedgerError, OSError: the row or the event could not be written.
+    """
+    body = encode(state, cache)
+    taken = ev.SnapshotTaken(body_digest(body), FORMAT)
+    kind, version, event_body = encode_event(taken)
+    seq, digest = head.seq + 1, chain.link(head.digest, kind, version, event_body)
+    snap = StoredSnapshot(run_id, seq, FORMAT, digest, body, checksum(digest, body))
+    store.put_snapshot(snap, keep=keep, before_commit=before_commit)
+    return snap, store.append(run_id, [taken], expected_seq=head.seq, epoch=epoch)
+
+
 # -- recovery ---------------------------------------------------------------------------------------
 
 
@@ -157,8 +191,9 @@ def write(store: EventStore, run_id: str, seq: int, chain_digest: bytes, state: 
 class Recovered:
     """The fold of a run's log up to ``seq`` (chain digest ``digest``): state and cache.
 
-    ``snapshot_seq`` is the seq of the snapshot the fold started from (0: from seq 1);
-    ``folded`` the number of events folded on top of it. The cache is mutable: whoever continues
+    ``snapshot_seq`` is the seq of the snapshot the fold started from (0: from seq 1) and
+    ``snapshot_digest`` the sha256 of its body (``""``: none); ``folded`` the number of events
+    folded on top of it. The cache is mutable: whoever continues
     from a ``Recovered`` takes it over.
     """
 
@@ -168,14 +203,16 @@ class Recovered:
     cache: RolloutCache
     snapshot_seq: int = 0
     folded: int = 0
+    snapshot_digest: str = ""
 
 
 def _genesis() -> Recovered:
     return Recovered(0, chain.GENESIS, INITIAL, RolloutCache())
 
 
-def check(store: EventStore, run_id: str, snap: StoredSnapshot) -> Recovered:
-    """``snap`` as a :class:`Recovered`, or :class:`SnapshotUnreadable` saying why it cannot be used."""
+def _usable(store: EventStore, run_id: str, snap: StoredSnapshot) -> RawRecord:
+    """The log's record at ``snap.seq``, or :class:`SnapshotUnreadable`: a format this software
+    does not read, a checksum that does not hold, or a chain digest not the log's there."""
     if snap.format != FORMAT:
         raise SnapshotUnreadable(f"it has format {snap.format}, this software reads format {FORMAT}")
     if checksum(snap.chain_digest, snap.body) != snap.checksum:
@@ -185,8 +222,35 @@ def check(store: EventStore, run_id: str, snap: StoredSnapshot) -> Recovered:
         raise SnapshotUnreadable(f"the log has no seq {snap.seq}")
     if at[0].digest != snap.chain_digest:
         raise SnapshotUnreadable(f"its chain digest is not the one stored at seq {snap.seq}")
+    return at[0]
+
+
+def check(store: EventStore, run_id: str, snap: StoredSnapshot) -> Recovered:
+    """``snap`` as a :class:`Recovered`, or :class:`SnapshotUnreadable` saying why it cannot be
+    used: unusable (see :func:`_usable`), not the body the log commits to at its seq, or not
+    decodable."""
+    _committed(store, _usable(store, run_id, snap), snap)
     state, cache = decode(snap.body)
-    return Recovered(snap.seq, snap.chain_digest, state, cache, snapshot_seq=snap.seq)
+    return Recovered(snap.seq, snap.chain_digest, state, cache, snapshot_seq=snap.seq,
+                     snapshot_digest=body_digest(snap.body))
+
+
+def _committed(store: EventStore, record: RawRecord, snap: StoredSnapshot) -> None:
+    """Raise :class:`SnapshotUnreadable` unless ``record`` (the log at ``snap.seq``) is the
+    ``SnapshotTaken`` that commits to ``snap``'s body."""
+    if record.kind != ev.SnapshotTaken.KIND:
+        raise SnapshotUnreadable(f"the log does not commit to it (seq {snap.seq} is a {record.kind}, not a "
+                                 "SnapshotTaken: a row written outside the controller, or before snapshots were "
+                                 "committed)")
+    try:
+        taken = decode_body(record.kind, record.version, record.body, store.registry)
+    except CodecError as e:
+        raise SnapshotUnreadable(f"the SnapshotTaken at seq {snap.seq} does not decode: {e}") from None
+    assert isinstance(taken, ev.SnapshotTaken)
+    digest = body_digest(snap.body)
+    if taken.digest != digest or taken.format != snap.format:
+        raise SnapshotUnreadable(f"its body (sha256 {digest[:16]}…) is not the one the log commits to at seq "
+                                 f"{snap.seq} (sha256 {taken.digest[:16]}…): the row was rewritten")
 
 
 def newest(store: EventStore, run_id: str, warn: Warn | None = None) -> Recovered:
@@ -235,7 +299,8 @@ def recover(store: EventStore, run_id: str, *, start: Recovered | None = None, s
         ReplayDivergence: a logged decision differs from ``decide``, or an event cannot apply.
     """
     begin = start if start is not None else newest(store, run_id, warn) if snapshots else _genesis()
-    out = Recovered(begin.seq, begin.digest, begin.state, begin.cache, begin.snapshot_seq, begin.folded)
+    out = Recovered(begin.seq, begin.digest, begin.state, begin.cache, begin.snapshot_seq, begin.folded,
+                    begin.snapshot_digest)
     out.state = replay(_verified(store, run_id, begin, out), state=begin.state, check=check)
     return out
 
@@ -259,15 +324,37 @@ def _upto(items: Iterator[StoredEvent], seq: int) -> Iterator[StoredEvent]:
 
 @dataclasses.dataclass(frozen=True)
 class Proof:
-    """Whether the stored snapshot at ``seq`` equals the fold of the log up to ``seq``.
+    """Whether the snapshot at ``seq`` equals the fold of the log up to ``seq``.
 
-    ``reason`` says why not: an unusable snapshot (see :func:`check`) or the first part of the
-    state or cache that differs.
+    ``by`` is 0 for a stored row, else the seq of the event that names the snapshot's body digest:
+    its ``SnapshotTaken`` (at ``seq`` itself) or a ``ControllerStarted`` that says it resumed from
+    it. ``reason`` says why not: an unusable row (see :func:`_usable`), the first part of the
+    state or cache that differs, or a named digest that is not the fold's.
     """
 
     seq: int
     ok: bool
     reason: str = ""
+    by: int = 0
+
+
+def _claims(store: EventStore, run_id: str) -> list[tuple[int, int, str, str]]:
+    """``(snapshot seq, naming seq, body digest, kind)`` for every ``SnapshotTaken`` of the run and
+    every ``ControllerStarted`` that resumed from a snapshot, in log order."""
+    out = []
+    reg = store.registry
+    for r in store.scan(run_id):
+        if r.kind not in (ev.SnapshotTaken.KIND, ev.ControllerStarted.KIND):
+            continue
+        try:
+            e = decode_body(r.kind, r.version, r.body, reg)
+        except CodecError as err:
+            raise CorruptLedger(run_id, r.seq, f"undecodable body: {err}") from None
+        if isinstance(e, ev.SnapshotTaken):
+            out.append((r.seq, r.seq, e.digest, e.KIND))
+        elif isinstance(e, ev.ControllerStarted) and e.snapshot_seq > 0:
+            out.append((e.snapshot_seq, r.seq, e.snapshot_digest, e.KIND))
+    return out
 
 
 def prove(store: EventStore, run_id: str, *, check_decisions: bool = True,
@@ -275,7 +362,10 @@ def prove(store: EventStore, run_id: str, *, check_decisions: bool = True,
     """Fold the whole log from seq 1 in one streaming pass (every event chained and decoded,
     with ``check_decisions`` every decision compared with ``decide``) and, with ``snapshots``,
     compare each stored snapshot with the fold at its seq, byte for byte (the encoding is
-    canonical). Memory is bounded by the state and the live payloads, not by the log.
+    canonical), and the body digest that each ``SnapshotTaken`` and each resuming
+    ``ControllerStarted`` names with the digest of the fold there (a row pruned since, or rewritten
+    with its commitment, is still proven). Memory is bounded by the state and the live payloads,
+    not by the log.
 
     Raises:
         CorruptLedger: the log fails the chain or does not decode.
@@ -283,24 +373,37 @@ def prove(store: EventStore, run_id: str, *, check_decisions: bool = True,
     """
     out = _genesis()
     proofs: list[Proof] = []
-    stored = sorted(store.snapshots(run_id), key=lambda s: s.seq) if snapshots else []
-    for snap in stored:
-        if snap.seq > out.seq:
-            out.state = replay(_upto(_verified(store, run_id, out, out), snap.seq),
-                               state=out.state, check=check_decisions)
-        if out.seq != snap.seq:
-            proofs.append(Proof(snap.seq, False, f"the log ends at seq {out.seq}"))
-            continue
-        try:
-            check(store, run_id, snap)
-        except SnapshotUnreadable as e:
-            proofs.append(Proof(snap.seq, False, str(e)))
+    rows = {s.seq: s for s in store.snapshots(run_id)} if snapshots else {}
+    claims = _claims(store, run_id) if snapshots else []
+    for at in sorted({*rows, *(c[0] for c in claims)}):
+        if at > out.seq:
+            out.state = replay(_upto(_verified(store, run_id, out, out), at), state=out.state, check=check_decisions)
+        named = [c for c in claims if c[0] == at]
+        if out.seq != at:
+            proofs += [Proof(at, False, f"the log ends at seq {out.seq}", by) for _, by, _, _ in named]
+            if at in rows:
+                proofs.append(Proof(at, False, f"the log ends at seq {out.seq}"))
             continue
         folded = encode(out.state, out.cache)
-        proofs.append(Proof(snap.seq, True) if folded == snap.body
-                      else Proof(snap.seq, False, _first_difference(unpack(snap.body), unpack(folded))))
+        if at in rows:
+            proofs.append(_prove_row(store, run_id, rows[at], folded))
+        digest = body_digest(folded)
+        for _, by, claimed, kind in named:
+            proofs.append(Proof(at, True, by=by) if claimed == digest else Proof(
+                at, False, f"the {kind} at seq {by} names a snapshot body with sha256 {claimed[:16]}…, but the fold's "
+                           f"is {digest[:16]}…", by))
     out.state = replay(_verified(store, run_id, out, out), state=out.state, check=check_decisions)
     return out, proofs
+
+
+def _prove_row(store: EventStore, run_id: str, snap: StoredSnapshot, folded: bytes) -> Proof:
+    try:
+        _usable(store, run_id, snap)
+    except SnapshotUnreadable as e:
+        return Proof(snap.seq, False, str(e))
+    if folded == snap.body:
+        return Proof(snap.seq, True)
+    return Proof(snap.seq, False, _first_difference(unpack(snap.body), unpack(folded)))
 
 
 def _first_difference(stored: dict, folded: dict) -> str:
@@ -309,3 +412,15 @@ def _first_difference(stored: dict, folded: dict) -> str:
             if stored[part].get(name) != folded[part].get(name):
                 return f"its {part} field {name!r} differs from the fold's"
     return "its encoding differs from the fold's"
+
+
+def proofs(store: EventStore, run_id: str) -> list[Proof]:
+    """:func:`prove` of every stored snapshot and every snapshot the log names, without the
+    decision checks (``rlx ledger verify``); no fold at all when there is nothing to prove. A log
+    that cannot be folded to a snapshot proves none: one failed :class:`Proof` at seq 0 says why."""
+    if not store.snapshots(run_id) and not _claims(store, run_id):
+        return []
+    try:
+        return prove(store, run_id, check_decisions=False)[1]
+    except (CorruptLedger, ReplayDivergence) as e:
+        return [Proof(0, False, f"the log does not fold: {e}")]

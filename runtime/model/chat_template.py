@@ -1,8 +1,9 @@
 """A checkpoint's chat template, rendered with Jinja in a sandbox.
 
 The template comes from a user's ``tokenizer_config.json``: it is compiled by
-``jinja2.sandbox.ImmutableSandboxedEnvironment`` (no attribute access to Python internals, no
-mutation of the values it is given), configured as Transformers configures it (``trim_blocks``,
+``runtime.model.template_sandbox.BoundedEnvironment``, Jinja's ``ImmutableSandboxedEnvironment``
+(no attribute access to Python internals, no mutation of the values it is given) with every
+render's operations, characters and value sizes counted and bounded, configured as Transformers configures it (``trim_blocks``,
 ``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter that keeps non-ASCII text
 and ``raise_exception``), so a prompt renders to the same text as ``apply_chat_template``.
 
@@ -16,19 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runtime.errors import UsageError
+from runtime.model.template_sandbox import BoundedEnvironment, TemplateError, bounded_json
 
 MAX_TEMPLATE_CHARS = 1 << 20  # templates of released checkpoints are a few KiB
 MAX_RENDERED_CHARS = 1 << 22  # what one prompt may render to (4 MiB of text)
 DEFAULT_NAME = "default"
-
-
-class TemplateError(UsageError):
-    """A chat template that cannot be compiled or rendered; the message is one line."""
 
 
 def _one_line(text: str) -> str:
@@ -71,8 +67,8 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: Any = None, sort_keys: bool = False) -> str:
     # Transformers' filter: Jinja's own escapes HTML characters, which a chat prompt must keep.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return bounded_json(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                        sort_keys=sort_keys)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -92,15 +88,17 @@ class ChatTemplate:
     def __post_init__(self) -> None:
         from jinja2 import TemplateSyntaxError
         from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
+        env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.add_filter("tojson", _tojson)
         env.globals["raise_exception"] = _raise_exception
         try:
-            compiled = env.from_string(self.source)
+            compiled = env.compile_template(self.source)
         except TemplateSyntaxError as e:
             raise TemplateError(f"chat template line {e.lineno}: {_one_line(e.message or str(e))}") from None
+        except RecursionError:
+            raise TemplateError("the chat template nests its expressions or blocks too deeply to compile") from None
+        object.__setattr__(self, "_env", env)
         object.__setattr__(self, "_compiled", compiled)
         object.__setattr__(self, "special_tokens", dict(self.special_tokens))
 
@@ -115,20 +113,26 @@ class ChatTemplate:
         from jinja2 import TemplateError as JinjaError
         from jinja2.exceptions import SecurityError
 
+        pieces, size = [], 0
         try:
-            text = self._compiled.render(  # type: ignore[attr-defined]
-                messages=[dict(m) for m in messages], add_generation_prompt=True, **self.special_tokens)
+            with self._env.rendering():  # type: ignore[attr-defined]
+                for piece in self._compiled.generate(  # type: ignore[attr-defined]
+                        messages=[dict(m) for m in messages], add_generation_prompt=True, **self.special_tokens):
+                    size += len(piece)
+                    if size > MAX_RENDERED_CHARS:
+                        raise TemplateError(f"the chat template rendered more than {MAX_RENDERED_CHARS} characters "
+                                            "for one prompt")
+                    pieces.append(piece)
         except TemplateError:
             raise
         except SecurityError as e:
             raise TemplateError(f"the chat template tried an unsafe operation: {_one_line(str(e))}") from None
-        except (JinjaError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except RecursionError:
+            raise TemplateError("the chat template recursed too deeply while rendering") from None
+        except (JinjaError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as e:
             raise TemplateError(f"the chat template failed to render: {type(e).__name__}: "
                                 f"{_one_line(str(e))[:300]}") from None
-        if len(text) > MAX_RENDERED_CHARS:
-            raise TemplateError(f"the chat template rendered {len(text)} characters for one prompt; at most "
-                                f"{MAX_RENDERED_CHARS} are accepted")
-        return text
+        return "".join(pieces)
 
 
 __all__ = ["ChatTemplate", "TemplateError", "select_template"]

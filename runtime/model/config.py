@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -10,6 +11,33 @@ from runtime.errors import UsageError
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("linear", "llama3")
+# Ceilings on every dimension, checked before anything is sized by one: each admits the released
+# models up to the trillion-parameter scale several times over (the largest have ~256k tokens,
+# hidden 16-25k, ~130 layers and heads, head_dim 256, intermediate 53k, 10M positions) and refuses
+# the absurd ones a hostile config.json could name.
+MAX_DIMENSIONS = {
+    "vocab_size": 1 << 22,
+    "hidden_size": 1 << 16,
+    "num_layers": 1 << 10,
+    "num_heads": 1 << 10,
+    "num_kv_heads": 1 << 10,
+    "intermediate_size": 1 << 19,
+    "head_dim": 1 << 11,
+    "max_position_embeddings": 1 << 25,
+}
+MAX_PARAMETERS = 1 << 42  # ~4.4e12: four times the largest released dense or sparse model
+MAX_ROPE_THETA = 1e15  # released models use 1e4 to 1e8
+MAX_ROPE_FACTOR = 1e6  # released scalings use 2 to 64
+
+
+def _real(name: str, value, *, low: float, high: float, low_open: bool = True) -> None:
+    """Refuse ``value`` unless it is a finite real number in ``(low, high]`` (``[low, high]``
+    when not ``low_open``)."""
+    ok = (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and value <= high)
+    if not ok:
+        bound = f"{'>' if low_open else '>='} {low:g} and <= {high:g}"
+        raise UsageError(f"model config {name}={value!r}: must be a finite number {bound}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +56,15 @@ class RopeScaling:
                 f"rope scaling type {self.rope_type!r} is not supported; accepted: "
                 f"{', '.join(ROPE_TYPES)} (or no scaling)"
             )
-        if not self.factor > 0 or not self.high_freq_factor > self.low_freq_factor > 0:
+        _real("rope_scaling.factor", self.factor, low=0, high=MAX_ROPE_FACTOR)
+        _real("rope_scaling.low_freq_factor", self.low_freq_factor, low=0, high=MAX_ROPE_FACTOR)
+        _real("rope_scaling.high_freq_factor", self.high_freq_factor, low=0, high=MAX_ROPE_FACTOR)
+        positions = self.original_max_position_embeddings
+        if (not isinstance(positions, int) or isinstance(positions, bool)
+                or not 0 < positions <= MAX_DIMENSIONS["max_position_embeddings"]):
+            raise UsageError(f"rope scaling original_max_position_embeddings={positions!r}: must be an integer in "
+                             f"[1, {MAX_DIMENSIONS['max_position_embeddings']}]")
+        if not self.high_freq_factor > self.low_freq_factor > 0:
             raise UsageError(
                 f"rope scaling factor={self.factor!r}, low_freq_factor={self.low_freq_factor!r}, "
                 f"high_freq_factor={self.high_freq_factor!r}: need factor > 0 and "
@@ -96,6 +132,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UsageError(f"model config {name}={value!r}: must be a positive integer")
+            if value > MAX_DIMENSIONS[name]:
+                raise UsageError(f"model config {name}={value}: at most {MAX_DIMENSIONS[name]} is accepted")
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise UsageError(
@@ -103,9 +141,19 @@ class ModelConfig:
                     f"num_heads={self.num_heads}; set head_dim explicitly"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
-        if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
+        if (not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim <= 0
+                or self.head_dim % 2 or self.head_dim > MAX_DIMENSIONS["head_dim"]):
             raise UsageError(
-                f"model config head_dim={self.head_dim!r}: must be a positive even integer"
+                f"model config head_dim={self.head_dim!r}: must be a positive even integer, at most "
+                f"{MAX_DIMENSIONS['head_dim']}"
+            )
+        if self.num_kv_heads > self.num_heads:
+            raise UsageError(f"model config num_kv_heads={self.num_kv_heads} exceeds num_heads={self.num_heads}")
+        if self.parameter_count > MAX_PARAMETERS:
+            raise UsageError(
+                f"model config of {self.parameter_count:.3g} parameters (vocab_size={self.vocab_size}, "
+                f"hidden_size={self.hidden_size}, num_layers={self.num_layers}, intermediate_size="
+                f"{self.intermediate_size}, ...): at most {MAX_PARAMETERS:.3g} are accepted"
             )
         if self.num_heads % self.num_kv_heads:
             raise UsageError(
@@ -120,22 +168,20 @@ class ModelConfig:
         if self.sliding_window is not None and (
             not isinstance(self.sliding_window, int)
             or isinstance(self.sliding_window, bool)
-            or self.sliding_window <= 0
+            or not 0 < self.sliding_window <= MAX_DIMENSIONS["max_position_embeddings"]
         ):
             raise UsageError(
                 f"model config sliding_window={self.sliding_window!r}: must be a positive "
-                "integer or None"
+                f"integer or None (at most {MAX_DIMENSIONS['max_position_embeddings']})"
             )
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise UsageError(
                     f"model config {name}={getattr(self, name)!r}: accepted: {', '.join(DTYPES)}"
                 )
-        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
-            raise UsageError(
-                f"model config rope_theta={self.rope_theta!r}, rms_norm_eps="
-                f"{self.rms_norm_eps!r}: both must be positive"
-            )
+        _real("rope_theta", self.rope_theta, low=0, high=MAX_ROPE_THETA)
+        _real("rms_norm_eps", self.rms_norm_eps, low=0, high=1)
+        _real("initializer_range", self.initializer_range, low=0, high=1e3, low_open=False)
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -148,6 +194,16 @@ class ModelConfig:
                 raise UsageError(
                     f"model config {name}={value!r}: token ids must be in [0, {self.vocab_size})"
                 )
+
+    @property
+    def parameter_count(self) -> int:
+        """The number of parameters the config describes (the attention biases and norms too)."""
+        assert self.head_dim is not None  # filled in by __post_init__
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = self.hidden_size * (2 * q + 2 * kv) + (q + 2 * kv) * self.qkv_bias
+        layer = attention + 3 * self.hidden_size * self.intermediate_size + 2 * self.hidden_size
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embeddings + self.hidden_size
 
     @property
     def compute_dtype(self) -> jnp.dtype:

@@ -16,7 +16,9 @@ from safetensors.flax import save_file
 from tokenizers import Tokenizer
 
 from runtime.errors import UsageError
+from runtime.model.checkpoint_files import check_name, checkpoint_file, file_mode, read_json
 from runtime.model.hf_convert import config_from_hf, config_to_hf, params_from_hf, params_to_hf
+from runtime.model.hf_text import load_tokenizer
 from runtime.model.model import Model
 from runtime.model.tokenizer import BOS, EOS, PAD, UNK
 
@@ -41,30 +43,33 @@ TOKENIZER_FILES = (
 DEFAULT_SHARD_BYTES = 5 * 2**30
 
 
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON: {e}") from e
+def read_required_json(path: pathlib.Path) -> dict[str, Any]:
+    """A checkpoint's JSON file through the bounded reader; one line naming it if it is missing."""
+    data = read_json(path.parent, path.name)
+    if data is None:
+        raise UsageError(f"{path.parent}: missing {path.name}")
+    return data
 
 
 def _weight_files(directory: pathlib.Path) -> list[pathlib.Path]:
-    single, index = directory / WEIGHTS_FILE, directory / INDEX_FILE
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise UsageError(f"{index} has no 'weight_map' object")
-        files = [directory / name for name in sorted(set(weight_map.values()))]
-        absent = [f.name for f in files if not f.is_file()]
-        if absent:
-            raise UsageError(
-                f"{directory}: shards listed in {INDEX_FILE} are missing: {', '.join(absent)}"
-            )
-    else:
+    """The checkpoint's safetensors files: each a regular file of ``directory`` (the index's shard
+    names are plain file names in it, never links or paths elsewhere)."""
+    single = checkpoint_file(directory, WEIGHTS_FILE)
+    if single is not None:
+        return [single]
+    index = read_json(directory, INDEX_FILE)
+    if index is None:
         raise UsageError(f"{directory}: no weights found; expected {WEIGHTS_FILE} or {INDEX_FILE}")
-    return files
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise UsageError(f"{directory / INDEX_FILE} has no 'weight_map' object")
+    where = f"{INDEX_FILE} weight_map"
+    names = sorted({check_name(directory, name, where) for name in weight_map.values()})
+    files = [checkpoint_file(directory, name, where=where) for name in names]
+    absent = [name for name, f in zip(names, files, strict=True) if f is None]
+    if absent:
+        raise UsageError(f"{directory}: shards listed in {INDEX_FILE} are missing: {', '.join(absent)}")
+    return [f for f in files if f is not None]
 
 
 def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
@@ -77,6 +82,16 @@ def _read_tensors(directory: pathlib.Path) -> dict[str, Any]:
         except Exception as e:  # safetensors raises its own error types for corrupt files
             raise UsageError(f"{file} could not be read as safetensors: {e}") from e
     return tensors
+
+
+def weight_modes(path: str | os.PathLike) -> int:
+    """The permission bits every weights file of a checkpoint has (their intersection), which an
+    export of it keeps."""
+    directory = pathlib.Path(path)
+    mode = 0o777
+    for file in _weight_files(directory):
+        mode &= file_mode(directory, file.name) or 0
+    return mode
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
@@ -116,13 +131,10 @@ def load_hf(path: str | os.PathLike, **overrides: Any) -> Model:
     if not directory.is_dir():
         raise UsageError(f"model path {str(path)!r} is not a directory")
     config_path = directory / CONFIG_FILE
-    if not config_path.is_file():
-        raise UsageError(f"{directory}: missing {CONFIG_FILE}")
-    config = config_from_hf(_read_json(config_path), source=str(config_path), **overrides)
+    config = config_from_hf(read_required_json(config_path), source=str(config_path), **overrides)
     params = params_from_hf(_read_tensors(directory), config, source=str(directory))
-    tokenizer_path = directory / TOKENIZER_FILE
-    tokenizer = Tokenizer.from_file(str(tokenizer_path)) if tokenizer_path.is_file() else None
-    return Model(config, params, tokenizer)
+    has_tokenizer = checkpoint_file(directory, TOKENIZER_FILE) is not None
+    return Model(config, params, load_tokenizer(directory) if has_tokenizer else None)
 
 
 def tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:

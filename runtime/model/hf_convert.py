@@ -33,11 +33,29 @@ _MISTRAL_SLIDING_WINDOW = 4096
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
+def _number(value: Any, name: str, source: str) -> float:
+    """A config.json number as a float; its range is ``ModelConfig``'s to check."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"{source}: {name}={value!r} is not accepted; it must be a number")
+    try:
+        return float(value)
+    except OverflowError:
+        digits = str(value)
+        raise UsageError(f"{source}: {name}={digits[:12]}... ({len(digits)} digits) is out of a float's range") from None
+
+
+def _section(hf: Mapping[str, Any], name: str, source: str) -> Mapping[str, Any]:
+    value = hf.get(name)
+    if value is not None and not isinstance(value, Mapping):
+        raise UsageError(f"{source}: {name} must be an object or null, got {type(value).__name__}")
+    return value or {}
+
+
 def _rope(hf: Mapping[str, Any], source: str) -> tuple[float, RopeScaling | None]:
     """``(rope_theta, scaling)`` from a Transformers 4 (``rope_theta`` + ``rope_scaling``) or
     Transformers 5 (``rope_parameters``) config."""
-    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope = {**_section(hf, "rope_scaling", source), **_section(hf, "rope_parameters", source)}
+    theta = _number(rope.get("rope_theta", hf.get("rope_theta", 10000.0)), "rope_theta", source)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type == "default":
         return theta, None
@@ -131,7 +149,7 @@ def config_from_hf(
         head_dim=head_dim,
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=_number(hf.get("rms_norm_eps", 1e-6), "rms_norm_eps", source),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
@@ -139,13 +157,16 @@ def config_from_hf(
         sliding_window=sliding_window,
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         architecture=arch,
-        initializer_range=float(hf.get("initializer_range", 0.02)),
+        initializer_range=_number(hf.get("initializer_range", 0.02), "initializer_range", source),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"),
         pad_token_id=hf.get("pad_token_id"),
     )
     fields.update(overrides)
-    return ModelConfig(**fields)
+    try:
+        return ModelConfig(**fields)
+    except UsageError as e:
+        raise UsageError(f"{source}: {e}") from None
 
 
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:

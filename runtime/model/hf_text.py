@@ -21,10 +21,8 @@ are masked out of attention and loss, so any id is safe there.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,13 +30,13 @@ from tokenizers import Tokenizer
 
 from runtime.errors import UsageError
 from runtime.model.chat_template import ChatTemplate, select_template
+from runtime.model.checkpoint_files import copy_file, read_bytes, read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TEXT_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, GENERATION_CONFIG_FILE)
-MAX_JSON_BYTES = 64 << 20  # a tokenizer_config.json with every added token is a few MiB
 MAX_TOKENIZER_BYTES = 512 << 20
 # Architectures whose tokenizer starts no prompt with BOS; the others (llama, mistral) do.
 NO_BOS = frozenset({"qwen2", "qwen3"})
@@ -64,21 +62,8 @@ class CheckpointText:
     chat_template: ChatTemplate | None
 
 
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise UsageError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MiB; it is not a checkpoint's JSON file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
 def _optional_json(directory: pathlib.Path, name: str) -> dict[str, Any]:
-    path = directory / name
-    return _read_json(path) if path.is_file() else {}
+    return read_json(directory, name) or {}
 
 
 def _token_string(value: Any) -> str | None:
@@ -101,12 +86,13 @@ def _ids(value: Any, where: str) -> list[int]:
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     """``tokenizer.json`` of ``directory`` (one-line errors when absent, too large or unreadable)."""
     path = pathlib.Path(directory) / TOKENIZER_FILE
-    if not path.is_file():
+    data = read_bytes(directory, TOKENIZER_FILE, max_bytes=MAX_TOKENIZER_BYTES)
+    if data is None:
         raise UsageError(f"model.path {str(directory)!r} has no {TOKENIZER_FILE}")
-    if path.stat().st_size > MAX_TOKENIZER_BYTES:
-        raise UsageError(f"{path} is larger than {MAX_TOKENIZER_BYTES >> 20} MiB")
     try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not UTF-8 text (byte {e.start}); a tokenizer.json is UTF-8") from None
     except Exception as e:  # the tokenizers library raises plain Exceptions for malformed files
         raise UsageError(f"{path} could not be read by the tokenizers library: {' '.join(str(e).split())}") from None
 
@@ -130,7 +116,9 @@ def checkpoint_text(directory: str | os.PathLike, hf_config: Mapping[str, Any], 
     tok_config = _optional_json(root, TOKENIZER_CONFIG_FILE)
     special_map = _optional_json(root, SPECIAL_TOKENS_MAP_FILE)
     generation = _optional_json(root, GENERATION_CONFIG_FILE)
-    vocab = int(hf_config.get("vocab_size") or tokenizer.get_vocab_size())
+    vocab = hf_config.get("vocab_size") or tokenizer.get_vocab_size()
+    if type(vocab) is not int or vocab < 0:
+        raise UsageError(f"{root / 'config.json'}: vocab_size={vocab!r} is not accepted; it must be a positive integer")
     strings = {}
     for name in SPECIAL_NAMES:
         text = _token_string(tok_config.get(name)) or _token_string(special_map.get(name))
@@ -195,14 +183,9 @@ def checkpoint_text(directory: str | os.PathLike, hf_config: Mapping[str, Any], 
 def copy_text_files(source: str | os.PathLike, target: str | os.PathLike) -> list[str]:
     """Copy the tokenizer and generation files of checkpoint ``source`` into ``target`` (a saved
     copy of its weights), so that the copy tokenizes, templates and stops as the source does.
-    Returns the names copied."""
-    copied = []
-    for name in TEXT_FILES:
-        path = pathlib.Path(source) / name
-        if path.is_file():
-            shutil.copyfile(path, pathlib.Path(target) / name)
-            copied.append(name)
-    return copied
+    Returns the names copied. Each keeps its mode; a link or a file that is not a regular file is
+    refused (``runtime.model.checkpoint_files``)."""
+    return [name for name in TEXT_FILES if copy_file(source, name, target)]
 
 
 __all__ = ["CheckpointText", "checkpoint_text", "copy_text_files", "load_tokenizer"]

@@ -145,9 +145,10 @@ def _array_difference(a: np.ndarray, b: np.ndarray, what: str, show=str) -> str 
 
 
 def fingerprint_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The fingerprint keys whose values differ, with both values, by key."""
+    """The fingerprint keys whose values differ, with both values, by key. The input files
+    (``inputs``) are not the machine's: they are checked, and refused, by ``runtime.inputs.check``."""
     return {
         key: {"recorded": recorded.get(key), "current": current.get(key)}
-        for key in sorted(set(recorded) | set(current))
+        for key in sorted((set(recorded) | set(current)) - {"inputs"})
         if recorded.get(key) != current.get(key)
     }

@@ -25,6 +25,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from runtime import inputs as run_inputs
+from runtime.config import Config
 from runtime.errors import UsageError
 from runtime.replay.divergence import Divergence, compare_rollout, compare_step, compare_version0, fingerprint_diff
 from runtime.replay.plan import ReplayIndex, Sampled, StepPlan, index_run, replay_start, stream_replay
@@ -127,6 +129,9 @@ class _Replay:
         # the trainer's layout is, by what each trainer recorded (_check_trainer_layouts).
         recorded = {k: v for k, v in index.run.fingerprint.items() if k not in ("sandbox", "trainer")}
         self.fp = fingerprint_diff(recorded, fingerprint())
+        # The run's input files, from where it recorded them, refused if they changed since.
+        run_inputs.check(run_inputs.located(Config.from_dict(index.run.config), index.run.fingerprint),
+                         index.run.fingerprint, what="replay", warn=self.warn)
         if self.fp:
             self.warn(f"the environment differs from the one recorded in RunStarted ({', '.join(self.fp)}): "
                       "bits may differ on another stack")
@@ -147,14 +152,20 @@ class _Replay:
         except ReplayDivergence as e:
             divergences.append(Divergence("controller", e.seq, e.kind, e.field, str(e)))
             return self.report(divergences)
+        rows = [p for p in proofs if not p.by]
         for proof in proofs:
             if proof.ok:
-                self.snapshots_checked += 1
+                self.snapshots_checked += not proof.by
+            elif proof.by:
+                divergences.append(Divergence("snapshot", proof.by, "snapshot", "digest",
+                                              f"the snapshot at seq {proof.seq} is not the fold: {proof.reason}"))
             else:
                 divergences.append(Divergence("snapshot", proof.seq, "snapshot", "state",
                                               f"the stored snapshot at seq {proof.seq} is not the fold: {proof.reason}"))
         if check_snapshots:
-            self.log(f"{self.snapshots_checked} of {len(proofs)} snapshots equal the fold at their seq")
+            self.log(f"{self.snapshots_checked} of {len(rows)} snapshots equal the fold at their seq; "
+                     f"{sum(p.ok for p in proofs if p.by)} of {len(proofs) - len(rows)} body digests the log names "
+                     "are the fold's")
 
         self._check_trainer_layouts(index)
         rerun = _Rerun(index, self.directory, pstore, self.log, sample=regenerate)
@@ -214,13 +225,12 @@ class _Rerun:
     def __init__(self, plan: ReplayIndex, directory: str, pstore, log: Log, *, sample: bool):
         import tensorstore as ts
 
-        from runtime.config import Config
         from runtime.params import ParamStore
         from runtime.session import EngineShape, build_session, make_trainer
         from runtime.workers import EngineWorker
 
         self.plan, self.pstore, self.log = plan, pstore, log
-        config = Config.from_dict(plan.run.config)
+        config = run_inputs.located(Config.from_dict(plan.run.config), plan.run.fingerprint)
         session = build_session(config, log=log, judge=False, engine=False)
         if sample:
             # The engine the run's inference workers recorded (the bits of a completion follow

@@ -1,20 +1,28 @@
-"""The worker's end of the controller service: calls with a token, deadlines, retries and
-fail-over between controller addresses.
+"""The worker's end of the controller service: the run's ``ControllerPort`` over gRPC, with a
+token, deadlines, retries and fail-over between controller addresses.
 
 A call that cannot reach a controller (``UNAVAILABLE``, a deadline, a fenced controller) raises
 :class:`Disconnected`; the worker backs off and tries again, the next address first, and joins
-anew when the controller it reaches does not know it. A refused token or a malformed request is
-a :class:`UsageError`: retrying cannot help.
+anew when the controller it reaches does not know it; a controller at one of its ceilings
+(``RESOURCE_EXHAUSTED``) raises :class:`Busy`, retried the same way. A refused token, a call
+without its worker's secret or a malformed request is a :class:`UsageError`: retrying cannot help.
+
+The client keeps the secret each of its joins answered and sends it with every later call under
+that worker id (``twin`` shares them with another connection, e.g. for heartbeats).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import grpc
 
 from ledger import events as ev
 from runtime._generated import rlx_controller_pb2 as pb
 from runtime._generated import rlx_controller_pb2_grpc as pb_grpc
-from runtime.errors import RlxError, UsageError
+from runtime.controller.workers import Verdict
+from runtime.errors import UsageError
+from runtime.host.port import AlreadyJoined, Busy, Disconnected, Joined, RunInfo, Standing, Submitted, Work
 from runtime.service import wire
 from runtime.service.server import KEEPALIVE_S, OPTIONS
 from verifiers.service.security import call_metadata, channel
@@ -29,14 +37,6 @@ KEEPALIVE = [  # see server.KEEPALIVE_S
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),  # a long poll sends no data: keep pinging all the same
 ]
-
-
-class Disconnected(RlxError):
-    """No controller answered; try again later (perhaps another address)."""
-
-
-class AlreadyJoined(RlxError):
-    """The worker id is taken; join under another."""
 
 
 def parse_targets(text: str) -> list[str]:
@@ -58,6 +58,7 @@ class ControllerClient:
                  client_cert: str | None = None, client_key: str | None = None):
         self.targets = list(targets)
         self.settings = {"token": token, "root_cert": root_cert, "client_cert": client_cert, "client_key": client_key}
+        self.secrets: dict[str, str] = {}  # worker id -> the secret its join answered
         self._metadata = call_metadata(token)
         self._tls = {"root_cert": root_cert, "client_cert": client_cert, "client_key": client_key}
         self._index = 0
@@ -73,6 +74,12 @@ class ControllerClient:
             self._channel = channel(self.target, options=[*OPTIONS, *KEEPALIVE], **self._tls)
             self._stub = pb_grpc.ControllerStub(self._channel)
         return self._stub
+
+    def twin(self) -> ControllerClient:
+        """Another connection to the same controllers, with the same token, TLS and secrets."""
+        other = ControllerClient(self.targets, **self.settings)
+        other.secrets = self.secrets
+        return other
 
     def fail_over(self) -> None:
         """Drop the connection and move to the next address."""
@@ -92,32 +99,45 @@ class ControllerClient:
             return getattr(stub, name)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             code = e.code()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise Busy(f"{name} to {self.target}: {e.details()}") from None
             if code in RETRY:
                 raise Disconnected(f"{name} to {self.target}: {code.name}: {e.details()}") from None
             if code == grpc.StatusCode.ALREADY_EXISTS:
                 raise AlreadyJoined(e.details()) from None
             raise UsageError(f"the controller at {self.target} refused {name}: {code.name}: {e.details()}") from None
 
-    # -- the calls ------------------------------------------------------------------------------
+    # -- the port -------------------------------------------------------------------------------
 
-    def describe(self) -> pb.RunInfo:
-        return self._call("Describe", pb.DescribeRequest(), timeout=10.0)
+    def describe(self) -> RunInfo:
+        m = self._call("Describe", pb.DescribeRequest(), timeout=10.0)
+        return RunInfo(Standing(m.standing), m.run_id, wire.unpack_map(m.config, "run config"), m.params_url,
+                       m.epoch, m.heartbeat_s)
 
-    def join(self, worker_id: str, role: str, *, slots: int = 1, info: dict | None = None) -> pb.JoinReply:
-        return self._call("Join", pb.JoinRequest(worker_id=worker_id, role=role, slots=slots,
-                                                 info=wire.pack_map(dict(info or {}))), timeout=30.0)
+    def join(self, worker_id: str, role: str, *, slots: int = 1, info: dict | None = None) -> Joined:
+        m = self._call("Join", pb.JoinRequest(worker_id=worker_id, role=role, slots=slots,
+                                              info=wire.pack_map(dict(info or {}))), timeout=30.0)
+        if m.secret:
+            self.secrets[m.worker_id] = m.secret
+        return Joined(Standing(m.standing), m.worker_id, m.epoch, m.secret)
 
-    def poll(self, worker_id: str, *, max_items: int = 512, wait_s: float = 5.0) -> pb.PollReply:
-        return self._call("Poll", pb.PollRequest(worker_id=worker_id, max=max_items, wait_s=wait_s),
-                          timeout=wait_s + 30.0)
+    def poll(self, worker_id: str, *, max_items: int = 512, wait_s: float = 5.0) -> Work:
+        m = self._call("Poll", pb.PollRequest(worker_id=worker_id, secret=self.secrets.get(worker_id, ""),
+                                              max=max_items, wait_s=wait_s), timeout=wait_s + 30.0)
+        return Work(Standing(m.standing), tuple(wire.lease_from_proto(x) for x in m.leases),
+                    tuple(wire.score_from_proto(x) for x in m.scores),
+                    wire.train_from_proto(m.train) if m.HasField("train") else None)
 
-    def submit(self, worker_id: str, events: list[ev.Event]) -> pb.SubmitReply:
-        return self._call("Submit", pb.SubmitRequest(worker_id=worker_id,
-                                                     events=[wire.event_to_proto(e) for e in events]))
+    def submit(self, worker_id: str, events: Sequence[ev.Event]) -> Submitted:
+        m = self._call("Submit", pb.SubmitRequest(worker_id=worker_id, secret=self.secrets.get(worker_id, ""),
+                                                  events=[wire.event_to_proto(e) for e in events]))
+        return Submitted(Standing(m.standing), tuple(Verdict(v.accepted, v.reason or None) for v in m.verdicts))
 
-    def heartbeat(self, worker_id: str, *, rollouts=(), steps=()) -> pb.HeartbeatReply:
-        return self._call("Heartbeat", pb.HeartbeatRequest(worker_id=worker_id, rollouts=list(rollouts),
-                                                           steps=list(steps)), timeout=10.0)
+    def heartbeat(self, worker_id: str, *, rollouts=(), steps=()) -> Standing:
+        m = self._call("Heartbeat", pb.HeartbeatRequest(worker_id=worker_id, secret=self.secrets.get(worker_id, ""),
+                                                        rollouts=list(rollouts), steps=list(steps)), timeout=10.0)
+        return Standing(m.standing)
 
     def leave(self, worker_id: str, reason: str) -> None:
-        self._call("Leave", pb.LeaveRequest(worker_id=worker_id, reason=reason), timeout=10.0)
+        self._call("Leave", pb.LeaveRequest(worker_id=worker_id, secret=self.secrets.get(worker_id, ""),
+                                            reason=reason), timeout=10.0)

@@ -2,36 +2,43 @@
 
 Workers ``Describe`` the run, ``Join`` with a role, then long-poll (``Poll`` waits until the
 controller's state changes or the wait ends), ``Submit`` results and ``Heartbeat`` while they
-work. Every call counts as a heartbeat. A submission is checked (``wire.submitted``) and then
-admitted by the controller like any other input, so a duplicate or late one is rejected by the
-fold and never counted twice. A worker the controller no longer knows (declared lost, or joined
-before a controller restart) is told ``NOT_JOINED`` and joins again under a new id.
+work. This module only converts messages: every rule of who may do what is the run's
+``runtime.host.front.Front``, the same for a worker thread of ``rlx run`` as for a process here.
 
 Who may call is ``verifiers.service.security``'s business: loopback by default, a bearer token
 for any other address (and, with ``rlx run``, always: each run has its own token), TLS by flags.
+The token is checked before a request's body is read. What a request may cost is bounded here:
+gRPC refuses any request over ``OPTIONS``' receive limit (Submit's) from its length alone, each
+method refuses one over its own ``RECEIVE_BYTES`` before parsing it, and long polls take at most
+``POLL_SHARE`` of the handler threads, so a heartbeat never waits behind them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import re
 import threading
-import time
-from collections.abc import Callable
 
 import grpc
 
-from ledger import events as ev
 from runtime._generated import rlx_controller_pb2 as pb
 from runtime._generated import rlx_controller_pb2_grpc as pb_grpc
-from runtime.controller.loop import ControllerFenced, ControllerLoop
-from runtime.controller.workers import INFERENCE, ROLES, TRAINER, VERIFIER, InitTask
+from runtime.controller.loop import ControllerFenced
+from runtime.host.front import MAX_INFO_BYTES, Front
+from runtime.host.port import AlreadyJoined, Busy, Refused, WrongSecret
 from runtime.service import wire
 from verifiers.service.security import EXCLUSIVE_PORT, ListenAddress, ServerSecurity
 
 MAX_THREADS = 256  # a long poll holds a thread for up to its wait: about one per worker
+POLL_SHARE = 0.75  # of the threads, the most long polls may hold at once (192): the rest answer other calls
 MAX_CONCURRENT_RPCS = 1024
-_WORKER_ID = re.compile(r"[A-Za-z0-9_.:@~+-]{1,128}")
+RECEIVE_BYTES = {  # the most one request of each method may be: what a real worker sends, with room
+    "Describe": 1 << 10,
+    "Join": MAX_INFO_BYTES + (4 << 10),  # its info and a few short fields
+    "Poll": 4 << 10,
+    "Heartbeat": 2 << 20,  # up to MAX_POLL_ITEMS rollouts and as many steps, at most 10 bytes each
+    "Leave": 8 << 10,
+    "Submit": wire.MAX_MESSAGE_BYTES,  # a batch of completions
+}
 
 OPTIONS = [
     ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
@@ -49,183 +56,85 @@ PINGS_ACCEPTED = [  # take those pings: by gRPC's keepalive guide a server allow
 
 
 class ControllerService(pb_grpc.ControllerServicer):
-    """Serves one run's controller to its workers.
+    """Serves one run's ``Front`` to its workers over gRPC: converts each message and the
+    front's refusals (``WrongSecret``: ``PERMISSION_DENIED``, ``Refused``: ``INVALID_ARGUMENT``,
+    ``AlreadyJoined``: ``ALREADY_EXISTS``, ``Busy``: ``RESOURCE_EXHAUSTED``, a fenced controller:
+    ``UNAVAILABLE``). Every rule is the front's."""
 
-    Args:
-        ctrl: the controller (the ledger's only writer).
-        config: the run's config (as logged in ``RunStarted``), sent to workers by ``Describe``.
-        params_url: the parameter store's URL, sent to workers.
-        params: that store, opened here: a ``WeightsPublished`` is admitted only if the store
-            holds the version with the digest it names (None: not checked).
-        on_accept: called with a worker id after each submission of it that was accepted.
-        heartbeat_s: how often workers heartbeat while they work.
-    """
-
-    def __init__(self, ctrl: ControllerLoop, *, config: dict, params_url: str,
-                 params=None,
-                 on_accept: Callable[[str], None] | None = None, heartbeat_s: float | None = None):
-        self.ctrl = ctrl
-        self.config_bytes = wire.pack_map(config)
-        self.params_url = params_url
-        self.params = params
-        self.on_accept = on_accept
-        self.heartbeat_s = heartbeat_s or max(0.05, min(5.0, ctrl.lease_timeout_s / 4))
-        self.fenced = threading.Event()
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    def _standing(self, worker_id: str) -> int:
-        if self.ctrl.finished:
-            return pb.FINISHED
-        return pb.JOINED if self.ctrl.joined(worker_id) else pb.NOT_JOINED
-
-    def _guard(self, context, fn):
-        try:
-            return fn()
-        except wire.WireError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except ControllerFenced as e:
-            self.fenced.set()
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+    def __init__(self, front: Front):
+        self.front = front
+        self.config_bytes = wire.pack_map(front.config)
 
     @staticmethod
-    def _worker_id(worker_id: str) -> str:
-        if not _WORKER_ID.fullmatch(worker_id):
-            raise wire.WireError(f"worker id {worker_id[:40]!r} must be 1 to 128 characters of A-Z a-z 0-9 _ . : @ ~ + -")
-        return worker_id
-
-    def _check_weights(self, e: ev.WeightsPublished) -> None:
-        """Refuse a claim the parameter store does not back: the version absent, or another digest."""
-        store = self.params
-        if e.version not in store.versions():
-            raise wire.WireError(f"version {e.version} is not in the parameter store {store.url}")
-        stored = store.digest(e.version)
-        if stored != e.digest:
-            raise wire.WireError(f"version {e.version} in the parameter store has digest {stored[:16]}")
-
-    def _role(self, worker_id: str) -> str | None:
-        w = self.ctrl.state.workers.get(worker_id)
-        return None if w is None else w.role
+    def _guard(context, fn):
+        try:
+            return fn()
+        except WrongSecret as e:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        except Refused as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except AlreadyJoined as e:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+        except Busy as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except ControllerFenced as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     # -- RPCs -----------------------------------------------------------------------------------
 
     def Describe(self, request, context):
-        s = self.ctrl.state
-        return pb.RunInfo(standing=pb.FINISHED if s.finished else pb.JOINED, run_id=self.ctrl.run_id,
-                          config=self.config_bytes, params_url=self.params_url, epoch=self.ctrl.epoch,
-                          heartbeat_s=self.heartbeat_s)
+        info = self.front.describe()
+        return pb.RunInfo(standing=int(info.standing), run_id=info.run_id, config=self.config_bytes,
+                          params_url=info.params_url, epoch=info.epoch, heartbeat_s=info.heartbeat_s)
 
     def Join(self, request, context):
         def join():
-            wid = self._worker_id(request.worker_id)
-            if request.role not in ROLES:
-                raise wire.WireError(f"role {request.role[:40]!r} is not accepted; accepted: {', '.join(ROLES)}")
-            if not 1 <= request.slots <= wire.MAX_SLOTS:
-                raise wire.WireError(f"slots {request.slots} must be from 1 to {wire.MAX_SLOTS}")
             info = wire.unpack_map(request.info, "worker info", wire.MAX_INFO_BYTES)
-            if self.ctrl.finished:
-                return pb.JoinReply(standing=pb.FINISHED, worker_id=wid, epoch=self.ctrl.epoch)
-            verdict = self.ctrl.join(wid, request.role, slots=request.slots, info=info)
-            if not verdict.accepted:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, verdict.reason or "rejected")
-            return pb.JoinReply(standing=pb.JOINED, worker_id=wid, epoch=self.ctrl.epoch)
+            joined = self.front.join(request.worker_id, request.role, slots=request.slots, info=info)
+            return pb.JoinReply(standing=int(joined.standing), worker_id=joined.worker_id, epoch=joined.epoch,
+                                secret=joined.secret)
 
         return self._guard(context, join)
 
     def Poll(self, request, context):
         def poll():
-            wid = self._worker_id(request.worker_id)
-            wait = min(max(0.0, request.wait_s), wire.MAX_WAIT_S)
+            wait = request.wait_s
             remaining = context.time_remaining()
             if remaining is not None:
                 wait = min(wait, max(0.0, remaining - 0.5))
-            limit = min(request.max or 512, wire.MAX_POLL_ITEMS)
-            deadline = time.monotonic() + wait
-            ctrl = self.ctrl
-            while True:
-                if ctrl.fenced:  # hand out nothing more: the workers go to the newer controller
-                    raise ControllerFenced(ctrl.fenced)
-                seq = ctrl.head_seq
-                standing = self._standing(wid)
-                if standing != pb.JOINED:
-                    return pb.PollReply(standing=standing)
-                role = self._role(wid)
-                reply = pb.PollReply(standing=pb.JOINED)
-                if role == INFERENCE:
-                    leases = ctrl.leases(wid)
-                    if leases:
-                        reply.leases.extend(wire.lease_to_proto(lease) for lease in leases)
-                        return reply
-                elif role == VERIFIER:
-                    tasks = ctrl.scoring_work(wid, limit)
-                    if tasks:
-                        reply.scores.extend(wire.score_to_proto(t) for t in tasks)
-                        return reply
-                elif role == TRAINER:
-                    task = ctrl.train_task(wid)
-                    if task is not None:
-                        reply.train.CopyFrom(wire.train_to_proto(None if isinstance(task, InitTask) else task))
-                        return reply
-                left = deadline - time.monotonic()
-                if left <= 0 or not context.is_active():
-                    return reply
-                ctrl.wait_for_change(seq, min(left, 1.0))
+            work = self.front.poll(request.worker_id, request.secret, max_items=request.max, wait_s=wait,
+                                   active=context.is_active)
+            reply = pb.PollReply(standing=int(work.standing))
+            reply.leases.extend(wire.lease_to_proto(lease) for lease in work.leases)
+            reply.scores.extend(wire.score_to_proto(t) for t in work.scores)
+            if work.train is not None:
+                reply.train.CopyFrom(wire.train_to_proto(work.train))
+            return reply
 
         return self._guard(context, poll)
 
     def Submit(self, request, context):
         def submit():
-            wid = self._worker_id(request.worker_id)
-            role = self._role(wid)
-            if role is None:  # lost or never joined: its results may still be valid (the fold decides)
-                role = _role_of(request.events)
-            events = wire.submitted(request.events, role, wid)
-            ctrl = self.ctrl
-            ctrl.heartbeat(wid)
-            if self.params is not None:
-                for e in events:
-                    if type(e) is ev.WeightsPublished:
-                        self._check_weights(e)
-            if role == INFERENCE:
-                verdicts = ctrl.complete(events)
-            elif role == VERIFIER:
-                verdicts = ctrl.record_outcomes(events)
-            else:
-                verdicts = ctrl.publish(events)
-            if self.on_accept is not None and any(v.accepted for v in verdicts):
-                self.on_accept(wid)
-            return pb.SubmitReply(standing=self._standing(wid),
-                                  verdicts=[pb.Verdict(accepted=v.accepted, reason=v.reason or "") for v in verdicts])
+            done = self.front.submit(request.worker_id, request.secret, wire.events_from_proto(request.events))
+            return pb.SubmitReply(standing=int(done.standing),
+                                  verdicts=[pb.Verdict(accepted=v.accepted, reason=v.reason or "") for v in done.verdicts])
 
         return self._guard(context, submit)
 
     def Heartbeat(self, request, context):
         def beat():
-            wid = self._worker_id(request.worker_id)
-            if len(request.rollouts) > wire.MAX_POLL_ITEMS or len(request.steps) > wire.MAX_POLL_ITEMS:
-                raise wire.WireError(f"a heartbeat names at most {wire.MAX_POLL_ITEMS} rollouts and steps")
-            self.ctrl.heartbeat(wid, rollouts=request.rollouts, steps=request.steps)
-            return pb.HeartbeatReply(standing=self._standing(wid))
+            standing = self.front.heartbeat(request.worker_id, request.secret, rollouts=request.rollouts,
+                                            steps=request.steps)
+            return pb.HeartbeatReply(standing=int(standing))
 
         return self._guard(context, beat)
 
     def Leave(self, request, context):
         def leave():
-            wid = self._worker_id(request.worker_id)
-            self.ctrl.lose([wid], (request.reason or "left")[: wire.MAX_TEXT])
+            self.front.leave(request.worker_id, request.secret, request.reason)
             return pb.LeaveReply()
 
         return self._guard(context, leave)
-
-
-def _role_of(messages) -> str:
-    """The role whose submissions these are (from the first event's kind), for a worker that
-    is no longer joined."""
-    kinds = {m.kind for m in messages}
-    for role, allowed in wire.SUBMITS.items():
-        if kinds and kinds <= {k.KIND for k in allowed}:  # type: ignore[attr-defined]
-            return role
-    raise wire.WireError("a submission mixes the results of several roles, or is empty")
 
 
 class PendingService(pb_grpc.ControllerServicer):
@@ -272,6 +181,57 @@ class PendingService(pb_grpc.ControllerServicer):
         return self._attached(context).Leave(request, context)
 
 
+class _Unreadable:
+    """What a request that cannot be parsed, or is over its method's limit, becomes: the handler
+    refuses it with ``INVALID_ARGUMENT`` (a deserializer's exception would be ``INTERNAL``,
+    which a worker retries)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _parser(method: str, message, limit: int):
+    def parse(data: bytes):
+        if len(data) > limit:
+            return _Unreadable(f"a {method} request of {len(data)} bytes; at most {limit} are accepted")
+        try:
+            return message.FromString(data)
+        except Exception as e:  # protobuf's DecodeError, or its recursion limit
+            return _Unreadable(f"not a {message.__name__}: {e}")
+    return parse
+
+
+def _checked(behavior, gate: threading.BoundedSemaphore | None = None, room: int = 0):
+    def handle(request, context):
+        if type(request) is _Unreadable:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+        if gate is None:
+            return behavior(request, context)
+        if not gate.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{room} polls are waiting already, as many as this controller serves at once; poll again later")
+        try:
+            return behavior(request, context)
+        finally:
+            gate.release()
+    return handle
+
+
+def handlers(service: pb_grpc.ControllerServicer, polls: int) -> grpc.GenericRpcHandler:
+    """``service``'s methods, each refusing a request over its ``RECEIVE_BYTES`` before parsing
+    it, and ``Poll`` refusing a poll beyond ``polls`` waiting at once (``RESOURCE_EXHAUSTED``)."""
+    described = pb.DESCRIPTOR.services_by_name["Controller"]
+    gate = threading.BoundedSemaphore(polls)
+    methods = {}
+    for m in described.methods:
+        request, reply = getattr(pb, m.input_type.name), getattr(pb, m.output_type.name)
+        behavior = _checked(getattr(service, m.name), *((gate, polls) if m.name == "Poll" else ()))
+        methods[m.name] = grpc.unary_unary_rpc_method_handler(
+            behavior, request_deserializer=_parser(m.name, request, RECEIVE_BYTES[m.name]),
+            response_serializer=reply.SerializeToString)
+    return grpc.method_handlers_generic_handler(described.full_name, methods)
+
+
 class Served:
     """A running controller service: ``port``, ``stop()``."""
 
@@ -286,13 +246,14 @@ class Served:
 
 def serve(service: pb_grpc.ControllerServicer, address: ListenAddress, security: ServerSecurity = ServerSecurity(),
           *, threads: int = MAX_THREADS) -> Served:
-    """Start serving ``service`` on ``address`` (checked by ``security``: a token off loopback)."""
+    """Start serving ``service`` on ``address`` (checked by ``security``: a token off loopback)
+    with ``threads`` handler threads, at most ``POLL_SHARE`` of them for long polls."""
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rlx-controller"),
         interceptors=security.interceptors(), options=[*OPTIONS, *PINGS_ACCEPTED, EXCLUSIVE_PORT],
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
     )
-    pb_grpc.add_ControllerServicer_to_server(service, server)
+    server.add_generic_rpc_handlers((handlers(service, max(1, int(threads * POLL_SHARE))),))
     port = security.bind(server, address)
     server.start()
     return Served(server, port, service)

@@ -10,10 +10,11 @@ the run finish: it is neither lost nor started again. A slot whose children die
 ``MAX_FAILURES`` times in a row without delivering anything stops the run with a one-line reason.
 
 A trainer gang (``workers.trainer_processes`` > 1, ``runtime.trainer.gang``) is one slot of P
-children, ranks 0 to P-1 joined with ``jax.distributed`` through a coordinator on a fresh
-loopback port; only rank 0 joins the controller. The gang is one failure domain: when any rank
-dies the supervisor kills the others and starts the whole gang again (a rank cannot rejoin a
-live gang); it has finished when every rank has exited 0.
+children, ranks 0 to P-1 joined with ``jax.distributed`` through a coordinator on a Unix socket in
+a fresh directory only this user can enter (``private_coordinator``: the coordinator has no
+authentication, so no other user's process may reach it); only rank 0 joins the controller. The
+gang is one failure domain: when any rank dies the supervisor kills the others and starts the
+whole gang again (a rank cannot rejoin a live gang); it has finished when every rank has exited 0.
 
 ``workers.jsonl`` in the run directory records each start, exit and first accepted submission with
 its wall time (for people and ``scripts/chaos.py``; nothing decides on it), and each child's output
@@ -28,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -70,13 +72,23 @@ class Journal:
             f.write(line + "\n")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (for a gang's coordinator)."""
-    import socket
+def private_coordinator() -> tuple[str, str]:
+    """A gang's coordinator address that only this user's processes can reach, and its directory
+    (to remove once the gang has ended): ``unix:DIR/coordinator.sock``, DIR made with mode 700.
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    Raises:
+        UsageError: the temporary directory's path is too long for a Unix socket (names ``TMPDIR``).
+    """
+    from runtime.errors import UsageError
+    from runtime.trainer.gang import MAX_SOCKET_PATH
+
+    directory = tempfile.mkdtemp(prefix="rlx-gang-")
+    path = os.path.join(directory, "coordinator.sock")
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        os.rmdir(directory)
+        raise UsageError(f"a trainer gang's socket {path} is longer than a Unix socket's {MAX_SOCKET_PATH} bytes; "
+                         "set TMPDIR to a shorter directory (e.g. TMPDIR=/tmp)")
+    return f"unix:{path}", directory
 
 
 class _Slot:
@@ -84,6 +96,7 @@ class _Slot:
         self.name, self.role = name, role
         self.processes = processes  # more than 1: a gang, restarted whole
         self.peers: list[subprocess.Popen] = []  # ranks 1.. of a gang
+        self.coordinator_dir = ""  # the gang's private socket directory
         self.spawns = 0
         self.failures = 0  # deaths in a row without delivered work
         self.proc: subprocess.Popen | None = None
@@ -143,7 +156,7 @@ class Supervisor:
             slot.proc = self._start(argv, slot.log_path)
             self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=slot.proc.pid)
             return
-        coordinator = f"127.0.0.1:{free_port()}"
+        coordinator, slot.coordinator_dir = private_coordinator()
         procs = []
         for rank in range(slot.processes):
             log_path = slot.log_path if rank == 0 else os.path.join(self.log_dir, f"{slot.worker_id}.rank{rank}.log")
@@ -194,6 +207,14 @@ class Supervisor:
                 proc.wait()
         return failed[0]
 
+    @staticmethod
+    def _ended(slot: _Slot) -> None:
+        """The slot's children have been reaped: forget them (and a gang's socket directory)."""
+        slot.proc, slot.peers = None, []
+        if slot.coordinator_dir:
+            shutil.rmtree(slot.coordinator_dir, ignore_errors=True)
+            slot.coordinator_dir = ""
+
     def poll(self) -> None:
         """Reap dead children, record their loss, restart them (see module docstring)."""
         now = time.monotonic()
@@ -204,7 +225,7 @@ class Supervisor:
                 if code is None:
                     continue
                 how = describe_exit(code)
-                slot.proc, slot.peers = None, []
+                self._ended(slot)
                 if code == 0:
                     # A worker exits 0 only once the controller told it the run has finished: it
                     # is neither recorded lost nor started again.
@@ -254,7 +275,7 @@ class Supervisor:
             if slot.proc is not None:
                 self.journal.write("exit", slot=slot.name, role=slot.role, worker_id=slot.worker_id,
                                    pid=slot.proc.pid, how=describe_exit(slot.proc.returncode))
-                slot.proc, slot.peers = None, []
+                self._ended(slot)
 
 
 def _last_line(path: str) -> str:

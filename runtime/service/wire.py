@@ -1,44 +1,30 @@
 """Work items and events on the wire, and the checks every submitted event passes.
 
 Events travel in the ledger's own encoding (kind, schema version, canonical msgpack body). What a
-worker submits is hostile until checked: it must decode, be of a kind the worker's role may
-submit, carry fields of the declared types within their ceilings, and (for a completion) name
-the worker that submits it. Only then does the controller's admission see it.
+worker submits is hostile until checked: here it must decode, within the message ceilings; what
+it decodes to is checked by the front (``runtime.host.admission``) like a thread's submission.
 """
 
 from __future__ import annotations
-
-import math
-
-import numpy as np
 
 from ledger import events as ev
 from ledger.codec import decode_body, encode_event, pack, unpack
 from ledger.errors import CodecError
 from runtime._generated import rlx_controller_pb2 as pb
-from runtime.controller.workers import INFERENCE, TRAINER, VERIFIER, Lease, ScoreTask, TrainRollout, TrainTask
-from runtime.errors import RlxError
+from runtime.controller.workers import InitTask, Lease, ScoreTask, TrainRollout, TrainTask
+from runtime.host import admission
+from runtime.host.front import MAX_INFO_BYTES as MAX_INFO_BYTES  # the front checks it too (threads)
+from runtime.host.port import Refused
 
 MAX_MESSAGE_BYTES = 256 << 20  # a train task of 1,024 rollouts x 16k tokens is about 128 MiB
-MAX_SUBMIT_EVENTS = 65_536
-MAX_POLL_ITEMS = 65_536
-MAX_WAIT_S = 30.0
-MAX_TOKENS = 1 << 20  # tokens of one completion
-MAX_TEXT = 256  # characters of an id, digest, verdict or reason
-MAX_METRICS = 1024
-MAX_SLOTS = 65_536
-MAX_INFO_BYTES = 64 << 10
-SUBMITS = {
-    INFERENCE: frozenset({ev.RolloutCompleted}),
-    VERIFIER: frozenset({ev.OutcomeRecorded}),
-    TRAINER: frozenset({ev.TrainStepCompleted, ev.WeightsPublished}),
-}
-"""The event kinds each role may submit."""
-FINISH_REASONS = frozenset({"stop", "length"})
+# The ceilings of what a call may carry are the front's (``runtime.host.admission``).
+MAX_POLL_ITEMS, MAX_SLOTS, MAX_TEXT, MAX_WAIT_S = (admission.MAX_POLL_ITEMS, admission.MAX_SLOTS, admission.MAX_TEXT,
+                                                   admission.MAX_WAIT_S)
+SUBMITS = admission.SUBMITS
 
 
-class WireError(RlxError):
-    """A message that cannot be what it claims: undecodable, of the wrong kind, or out of bounds."""
+class WireError(Refused):
+    """A message that cannot be decoded into what it claims to be."""
 
 
 def event_to_proto(event: ev.Event) -> pb.Event:
@@ -99,8 +85,8 @@ def _expect(event: ev.Event, kind: type):
     return event
 
 
-def train_to_proto(task: TrainTask | None) -> pb.TrainTask:
-    if task is None:  # version 0
+def train_to_proto(task: TrainTask | InitTask | None) -> pb.TrainTask:
+    if task is None or isinstance(task, InitTask):  # version 0
         return pb.TrainTask(step=0)
     rollouts = [
         pb.TrainRollout(
@@ -115,10 +101,10 @@ def train_to_proto(task: TrainTask | None) -> pb.TrainTask:
                         batch=event_to_proto(task.batch), rollouts=rollouts)
 
 
-def train_from_proto(m: pb.TrainTask) -> TrainTask | None:
-    """The step to train, or None for "publish version 0"."""
+def train_from_proto(m: pb.TrainTask) -> TrainTask | InitTask:
+    """The step to train, or ``InitTask`` for "publish version 0"."""
     if m.step == 0:
-        return None
+        return InitTask()
     rollouts = []
     for r in m.rollouts:
         q = r.request
@@ -133,81 +119,8 @@ def train_from_proto(m: pb.TrainTask) -> TrainTask | None:
 # -- submissions: worker -> controller -------------------------------------------------------------
 
 
-def _int(value, name: str, low: int = 0) -> None:
-    if type(value) is not int or not low <= value < 1 << 63:
-        raise WireError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def _text(value, name: str, limit: int = MAX_TEXT) -> None:
-    if type(value) is not str or len(value) > limit:
-        raise WireError(f"{name} must be a string of at most {limit} characters")
-
-
-def _check_completion(e: ev.RolloutCompleted, worker_id: str) -> None:
-    for name in ("rollout_id", "attempt", "policy_version"):
-        _int(getattr(e, name), f"RolloutCompleted.{name}")
-    _text(e.weights_digest, "RolloutCompleted.weights_digest")
-    if e.worker_id != worker_id:
-        raise WireError(f"worker {worker_id!r} submitted a completion in the name of {e.worker_id!r}")
-    tokens, logprobs = e.tokens, e.logprobs
-    if not (type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.ndim == 1):
-        raise WireError("RolloutCompleted.tokens must be a 1-D int32 array")
-    if not (type(logprobs) is np.ndarray and logprobs.dtype == np.float32 and logprobs.shape == tokens.shape):
-        raise WireError("RolloutCompleted.logprobs must be a float32 array as long as its tokens")
-    if len(tokens) > MAX_TOKENS:
-        raise WireError(f"a completion of {len(tokens)} tokens exceeds the ceiling of {MAX_TOKENS}")
-    if e.finish_reason not in FINISH_REASONS:
-        raise WireError(f"finish_reason {str(e.finish_reason)[:40]!r} is not one of {sorted(FINISH_REASONS)}")
-
-
-def _check_outcome(e: ev.OutcomeRecorded) -> None:
-    _int(e.rollout_id, "OutcomeRecorded.rollout_id")
-    if type(e.reward) is not float or not math.isfinite(e.reward):
-        raise WireError(f"OutcomeRecorded.reward must be a finite float, got {e.reward!r}")
-    if type(e.passed) is not bool:
-        raise WireError("OutcomeRecorded.passed must be a boolean")
-    for name in ("verdict", "verifier", "verifier_version"):
-        _text(getattr(e, name), f"OutcomeRecorded.{name}")
-    _text(e.detail, "OutcomeRecorded.detail", ev.OutcomeRecorded.DETAIL_CHARS)
-
-
-def _check_step(e: ev.TrainStepCompleted) -> None:
-    _int(e.step, "TrainStepCompleted.step", 1)
-    _text(e.batch_digest, "TrainStepCompleted.batch_digest")
-    if type(e.metrics) is not dict or len(e.metrics) > MAX_METRICS:
-        raise WireError(f"TrainStepCompleted.metrics must be a map of at most {MAX_METRICS} entries")
-    for k, v in e.metrics.items():
-        _text(k, "a metric name")
-        if type(v) is not float:
-            raise WireError(f"metric {k!r} must be a float, got {type(v).__name__}")
-
-
-def _check_weights(e: ev.WeightsPublished) -> None:
-    _int(e.version, "WeightsPublished.version")
-    _int(e.parent_version, "WeightsPublished.parent_version", -1)
-    _text(e.digest, "WeightsPublished.digest")
-    _text(e.parent_digest, "WeightsPublished.parent_digest")
-
-
-def submitted(messages, role: str, worker_id: str) -> list[ev.Event]:
-    """The events of a ``Submit`` from ``worker_id`` of ``role``, decoded and checked."""
-    if len(messages) > MAX_SUBMIT_EVENTS:
-        raise WireError(f"{len(messages)} events in one submission; at most {MAX_SUBMIT_EVENTS} are accepted")
-    allowed = SUBMITS[role]
-    out = []
-    for m in messages:
-        e = event_from_proto(m)
-        kind = type(e)
-        if kind not in allowed:
-            raise WireError(f"a {role} worker may not submit {e.KIND} events "
-                            f"(accepted: {', '.join(sorted(k.KIND for k in allowed))})")  # type: ignore[attr-defined]
-        if kind is ev.RolloutCompleted:
-            _check_completion(e, worker_id)  # type: ignore[arg-type]
-        elif kind is ev.OutcomeRecorded:
-            _check_outcome(e)  # type: ignore[arg-type]
-        elif kind is ev.TrainStepCompleted:
-            _check_step(e)  # type: ignore[arg-type]
-        else:
-            _check_weights(e)  # type: ignore[arg-type]
-        out.append(e)
-    return out
+def events_from_proto(messages) -> list[ev.Event]:
+    """The events of a ``Submit``, decoded (their kinds and bounds are the front's to check)."""
+    if len(messages) > admission.MAX_SUBMIT_EVENTS:
+        raise WireError(f"{len(messages)} events in one submission; at most {admission.MAX_SUBMIT_EVENTS} are accepted")
+    return [event_from_proto(m) for m in messages]

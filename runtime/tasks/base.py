@@ -146,6 +146,12 @@ class Task(abc.ABC):
     """Whether the task takes its training problems from a data file (a ``path`` parameter)."""
     max_tokens: int = 8
     """Completion tokens a rollout may take when ``sampling.max_tokens`` does not say."""
+    takes_options: bool = False
+    """Whether the task takes ``data.options`` (its source's own config)."""
+    package: str | None = None
+    """The package the problems and their scoring come from (None: rlx itself)."""
+    version: str | None = None
+    """That package's installed version, recorded as ``data.task_version``."""
 
     @property
     def has_code(self) -> bool:

@@ -15,6 +15,14 @@ device of the gang) and run each train step as one SPMD program:
   cannot rejoin a live gang), and the supervisor then starts the whole gang again, which
   re-derives the step from the ledger and the last published version.
 
+Only the gang's ranks may reach its coordinator: ``jax.distributed``'s coordination service has
+no authentication, and one ``RegisterTask`` from any process that can connect aborts every rank.
+On one machine the coordinator is a Unix socket, ``unix:DIR/coordinator.sock`` in a directory
+only its user can enter (the supervisor makes a fresh one per gang; rank 0 refuses one that others
+can enter), so no other user's process can connect, and no TCP port is open for it. A gang across
+machines names a ``HOST:PORT`` that rank 0 serves on that address only; that network must be
+private to the gang (see the README).
+
 A 2-device gang sums in the same order as one process with 2 devices (a two-party sum has one
 order), so ``trainer.mesh={fsdp=2}`` gives the same bits either way; for more devices the
 cross-process reduction orders differ from the in-process ones.
@@ -23,6 +31,8 @@ cross-process reduction orders differ from the in-process ones.
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 
 import jax
 import numpy as np
@@ -33,11 +43,14 @@ HEARTBEAT_S = 10  # a dead rank aborts the others within about this long
 INIT_TIMEOUT_S = 120
 BARRIER_TIMEOUT_MS = 600_000
 _STOP = b"stop"
+UNIX = "unix:"
+MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL
 
 
 @dataclasses.dataclass(frozen=True)
 class GangSpec:
-    """Where a process stands in its gang: ``rank`` of ``size``, the coordinator's ``HOST:PORT``."""
+    """Where a process stands in its gang: ``rank`` of ``size``, and the coordinator's address,
+    ``unix:PATH`` (a gang on one machine) or ``HOST:PORT``."""
 
     rank: int
     size: int
@@ -49,11 +62,45 @@ class GangSpec:
         rank, sep, size = gang.partition("/")
         if not (sep and rank.isdigit() and size.isdigit() and int(rank) < int(size)):
             raise UsageError(f"--gang {gang!r} is not RANK/SIZE with 0 <= RANK < SIZE (e.g. 0/2)")
-        host, sep, port = (coordinator or "").rpartition(":")
-        if not (sep and host and port.isdigit()):
-            raise UsageError(f"--coordinator {coordinator!r} is not HOST:PORT (e.g. 127.0.0.1:7100); "
-                             "a gang needs the address rank 0 serves its coordinator on")
-        return cls(int(rank), int(size), coordinator or "")
+        address = coordinator or ""
+        if address.startswith(UNIX):
+            path = address[len(UNIX):]
+            if not (os.path.isabs(path) and 0 < len(os.fsencode(path)) <= MAX_SOCKET_PATH):
+                raise UsageError(f"--coordinator {coordinator!r}: a Unix socket's path must be absolute and at most "
+                                 f"{MAX_SOCKET_PATH} bytes long (e.g. unix:/tmp/rlx-gang/coordinator.sock)")
+            return cls(int(rank), int(size), address)
+        host, sep, port = address.rpartition(":")
+        if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
+            raise UsageError(f"--coordinator {coordinator!r} is not unix:PATH or HOST:PORT with 1 <= PORT <= 65535 "
+                             "(e.g. 10.0.0.1:7100); a gang needs the address rank 0 serves its coordinator on")
+        return cls(int(rank), int(size), address)
+
+    @property
+    def socket_path(self) -> str | None:
+        """The coordinator's Unix socket, None for a ``HOST:PORT``."""
+        return self.coordinator[len(UNIX):] if self.coordinator.startswith(UNIX) else None
+
+
+def check_private(spec: GangSpec) -> None:
+    """Rank 0 of a gang on a Unix socket: the socket's directory must be this user's alone (owned
+    by it, no access for group or others), or another user's process could reach the coordinator.
+
+    Raises:
+        UsageError: naming the directory, its owner and mode.
+    """
+    path = spec.socket_path
+    if path is None:
+        return
+    directory = os.path.dirname(path)
+    try:
+        st = os.stat(directory)
+    except OSError as e:
+        raise UsageError(f"--coordinator {spec.coordinator!r}: its directory {directory} cannot be used "
+                         f"({e.strerror}); make one only you can enter (mkdir -m 700)") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise UsageError(f"--coordinator {spec.coordinator!r}: its directory {directory} (owner uid {st.st_uid}, "
+                         f"mode {stat.S_IMODE(st.st_mode):o}) is open to other users; the gang's socket needs a "
+                         f"directory owned by uid {os.geteuid()} with mode 700")
 
 
 class Gang:
@@ -75,9 +122,11 @@ class Gang:
     @classmethod
     def join(cls, spec: GangSpec) -> Gang:
         """Join the gang; must run before anything in the process touches a JAX backend."""
+        if spec.rank == 0:
+            check_private(spec)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
         # Rank 0 serves the coordinator on exactly the address given (JAX's default is every
-        # interface): 127.0.0.1 for a gang on one machine.
+        # interface): a private Unix socket for a gang on one machine.
         jax.distributed.initialize(coordinator_address=spec.coordinator, num_processes=spec.size,
                                    process_id=spec.rank, initialization_timeout=INIT_TIMEOUT_S,
                                    heartbeat_timeout_seconds=HEARTBEAT_S, coordinator_bind_address=spec.coordinator)

@@ -24,7 +24,7 @@ from runtime.config import PretrainConfig
 from runtime.errors import UsageError
 from runtime.model import Model, forward, load_hf, save_hf
 from runtime.tasks.base import Task, TextCodec
-from runtime.trainer.step import standard_promotion
+from runtime.trainer.optimizer import OptimizerConfig, transformation
 
 
 def pack_supervised(task: Task, codec: TextCodec, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -45,8 +45,19 @@ def pack_supervised(task: Task, codec: TextCodec, indices, width: int) -> tuple[
     return tokens, attention, mask
 
 
+# optax.adamw's default weight decay, which the warm start has always trained with: the cached warm
+# starts (``cache_key``, which leaves it out) were made with it.
+WEIGHT_DECAY = 1e-4
+
+
+def warm_start_optimizer(config: PretrainConfig) -> OptimizerConfig:
+    """The warm start's optimizer (``runtime.trainer.optimizer``): AdamW with the constant
+    ``pretrain.learning_rate`` and a weight decay of :data:`WEIGHT_DECAY`, without clipping."""
+    return OptimizerConfig(learning_rate=config.learning_rate, weight_decay=WEIGHT_DECAY)
+
+
 @functools.partial(jax.jit, static_argnames=("model_config", "optimizer"), donate_argnames=("params", "opt_state"))
-def _sft_step(params, opt_state, tokens_BT, attention_BT, mask_BS, *, model_config, optimizer):
+def _sft_step(params, opt_state, tokens_BT, attention_BT, mask_BS, *, model_config, optimizer: OptimizerConfig):
     def loss_fn(p):
         logits = forward(p, tokens_BT, attention_BT, config=model_config)[:, :-1]
         logp = jax.nn.log_softmax(logits, axis=-1)
@@ -54,37 +65,17 @@ def _sft_step(params, opt_state, tokens_BT, attention_BT, mask_BS, *, model_conf
         return jnp.sum(jnp.where(mask_BS, nll, 0.0)) / jnp.maximum(jnp.sum(mask_BS), 1).astype(nll.dtype)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+    updates, opt_state = transformation(optimizer).update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
-
-
-class _Adam:
-    """Hashable holder so the optimizer can be a static argument."""
-
-    def __init__(self, lr: float):
-        self.lr = lr
-        self.tx = standard_promotion(optax.adamw(lr))
-
-    def __hash__(self):
-        return hash(("adamw", self.lr))
-
-    def __eq__(self, other):
-        return isinstance(other, _Adam) and other.lr == self.lr
-
-    def init(self, params):
-        return self.tx.init(params)
-
-    def update(self, grads, state, params):
-        return self.tx.update(grads, state, params)
 
 
 def warm_start(model: Model, task: Task, codec: TextCodec, config: PretrainConfig, *, seed: int, width: int,
                progress=None) -> tuple[Model, list[float]]:
     """Train ``model`` on the task's reference completions, prompts and targets encoded by
     ``codec`` (batches drawn with run seed ``seed``); return it and the loss curve."""
-    opt = _Adam(config.learning_rate)
+    opt = warm_start_optimizer(config)
     params = jax.tree.map(jnp.array, model.params)
-    state = opt.init(params)
+    state = transformation(opt).init(params)
     batches = rng.generator(seed, rng.WARM_START)
     pool = task.supervised_indices()
     if pool is not None and len(pool) == 0:
@@ -146,4 +137,4 @@ def cached_warm_start(model: Model, task: Task, codec: TextCodec, config: Pretra
     return load_hf(path, dtype=model.config.dtype), path, False
 
 
-__all__ = ["cached_warm_start", "pack_supervised", "warm_start"]
+__all__ = ["cached_warm_start", "pack_supervised", "warm_start", "warm_start_optimizer"]

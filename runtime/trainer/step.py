@@ -33,9 +33,9 @@ logits ``[B, T, V]``. Three settings bound its memory, each independent of the o
   gradient, in micro-batch order (``lax.scan``; ``runtime.trainer.accumulate``, which writes the
   LM head's and the embedding's gradients into the accumulator in place, and with ``remat`` each
   layer's gradient as soon as its backward pass ends); the optimizer then updates one parameter
-  after the other (``_update_leaf_by_leaf``, optax's arithmetic). Loss and gradient are the
-  whole batch's up to float rounding; the same configuration always gives the same bits. It
-  costs one more forward pass.
+  after the other (``runtime.trainer.optimizer.update_leaf_by_leaf``, optax's arithmetic). Loss
+  and gradient are the whole batch's up to float rounding; the same configuration always gives
+  the same bits. It costs one more forward pass.
 
 Shared prompts. The ``G`` rows of a group start with the same prompt, so the whole-batch forward
 (without micro-batches, chunks or remat) can compute the first ``prefix`` positions once per group
@@ -66,11 +66,14 @@ from kernels.kl import token_kl
 from kernels.logprobs import token_logprobs_and_entropy
 from kernels.objectives import policy_loss, preference_loss
 from kernels.reward_shaping import overlong_penalty
+from runtime.config import OLD_LOGPROBS, TrainerConfig
 from runtime.errors import UsageError
 from runtime.model import ModelConfig, forward
 from runtime.model.transformer import hidden_states, shared_prefix_forward
 from runtime.trainer.accumulate import accumulate, blocked_head_logits, head_weight
 from runtime.trainer.batch import TrainBatch
+from runtime.trainer.optimizer import OptimizerConfig, transformation, update_leaf_by_leaf
+from runtime.trainer.optimizer import standard_promotion as standard_promotion  # re-exported: its first home
 
 sg = jax.lax.stop_gradient
 
@@ -79,35 +82,62 @@ sg = jax.lax.stop_gradient
 class StepConfig:
     """Everything static about a train step (hashable: a static argument of ``jit``).
 
-    ``group_size`` rows in a row share their prompt; with ``share_prefix`` the trainer sets
-    ``prefix`` per batch to the tokens they all share, and the whole-batch forward computes those
-    once per group (``runtime.model.transformer.shared_prefix_forward``); ``prefix = 0``
-    computes every row in full. ``old_logprobs``: ``"recompute"`` (the trainer scores rows sampled
-    from an older version with that version's weights) or ``"behaviour"`` (their old log-probs
-    are the engine's; the log-prob mismatch metrics then cover the on-policy rows only).
-    ``fixed_order_mesh``: the device mesh (``runtime.trainer.mesh``) over whose row shards the
-    gradient is summed in a fixed order (``trainer.deterministic_reduction``, see
-    :func:`_fixed_order_grads`); None, the compiler's reductions.
+    A run's step is :meth:`of` its ``trainer`` section, whose defaults are the step's: the
+    optimizer (``runtime.trainer.optimizer``; Adam's ``adam_b1``, ``adam_b2``, ``adam_eps`` are
+    the optimizer's own) and the memory bounds (see the module docstring). ``group_size`` rows in
+    a row share their prompt; with ``share_prefix`` the trainer sets ``prefix`` per batch to the
+    tokens they all share, and the whole-batch forward computes those once per group
+    (``runtime.model.transformer.shared_prefix_forward``); ``prefix = 0`` computes every row in
+    full. ``old_logprobs``: ``"recompute"`` (the trainer scores rows sampled from an older version
+    with that version's weights) or ``"behaviour"`` (their old log-probs are the engine's; the
+    log-prob mismatch metrics then cover the on-policy rows only). ``fixed_order_mesh``: the
+    device mesh (``runtime.trainer.mesh``) over whose row shards the gradient is summed in a fixed
+    order (``trainer.deterministic_reduction``, see :func:`_fixed_order_grads`); None, the
+    compiler's reductions.
     """
 
     model: ModelConfig
     objective: Objective
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
+    learning_rate: float = TrainerConfig.learning_rate
+    weight_decay: float = TrainerConfig.weight_decay
+    max_grad_norm: float = TrainerConfig.max_grad_norm
+    warmup_steps: int = TrainerConfig.warmup_steps
+    adam_b1: float = OptimizerConfig.adam_b1
+    adam_b2: float = OptimizerConfig.adam_b2
+    adam_eps: float = OptimizerConfig.adam_eps
     temperature: float = 1.0
-    micro_batch_size: int = 0
-    logits_chunk: int = 0
-    remat: bool = False
+    micro_batch_size: int = TrainerConfig.micro_batch_size
+    logits_chunk: int = TrainerConfig.logits_chunk
+    remat: bool = TrainerConfig.remat
     group_size: int = 1
-    share_prefix: bool = False
+    share_prefix: bool = False  # what an unset trainer.shared_prefix reads as
     prefix: int = 0
-    old_logprobs: str = "recompute"
+    old_logprobs: str = OLD_LOGPROBS[0]  # "recompute", what an unset trainer.old_logprobs reads as
     fixed_order_mesh: Any = None
+
+    @classmethod
+    def of(cls, trainer: TrainerConfig, *, model: ModelConfig, objective: Objective, temperature: float,
+           group_size: int) -> StepConfig:
+        """The step a run's ``trainer`` section describes, for its model, its objective and its
+        sampling ``temperature`` and ``group_size``.
+
+        Each field of :data:`SECTION_FIELDS` is the section's field it names; one the section
+        leaves unset (None: a run logged before the option existed) is the step's default, which
+        is how such a run trained. ``prefix`` is set per batch, and ``fixed_order_mesh`` from
+        ``trainer.mesh`` and ``trainer.deterministic_reduction`` by the trainer's builder
+        (``runtime.session.make_trainer``).
+        """
+        values: dict[str, Any] = {}
+        for name, section_name in SECTION_FIELDS.items():
+            value = getattr(trainer, section_name)
+            if value is not None:
+                values[name] = value
+        return cls(model=model, objective=objective, temperature=temperature, group_size=group_size, **values)
+
+    @property
+    def optimizer(self) -> OptimizerConfig:
+        """The step's optimizer: its fields of the optimizer config's names."""
+        return OptimizerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimizerConfig)})
 
     def micro_batches(self, rows: int) -> int:
         """How many micro-batches a batch of ``rows`` rows is split into (1: none)."""
@@ -129,121 +159,20 @@ class StepConfig:
         )
 
 
-def standard_promotion(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``tx`` with its ``init`` and ``update`` traced under JAX's standard dtype promotion.
-
-    optax combines int32 step counts with float rates (``b1 ** count``), which strict promotion
-    (the tests' setting, for this package's own code) rejects. Standard promotion is also what
-    every run uses, so the optimizer's arithmetic, and its bits, are optax's own.
-    """
-
-    def init(params):
-        with jax.numpy_dtype_promotion("standard"):
-            return tx.init(params)
-
-    def update(updates, state, params=None):
-        with jax.numpy_dtype_promotion("standard"):
-            return tx.update(updates, state, params)
-
-    return optax.GradientTransformation(init, update)
+_RENAMED = {"share_prefix": "shared_prefix"}  # a step field and the trainer field of another name it reads
+_TRAINER_NAMES = {f.name for f in dataclasses.fields(TrainerConfig)}
+SECTION_FIELDS: dict[str, str] = {
+    f.name: _RENAMED.get(f.name, f.name) for f in dataclasses.fields(StepConfig)
+    if _RENAMED.get(f.name, f.name) in _TRAINER_NAMES
+}
+"""The step's fields that :meth:`StepConfig.of` reads from the ``trainer`` section, each with the
+section's field it reads: those of the same name, and ``share_prefix`` from ``shared_prefix``."""
 
 
 def make_optimizer(config: StepConfig) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW (decoupled weight decay). With ``warmup_steps`` the
-    learning rate rises linearly over the first steps, ``lr · min(1, (n + 1) / warmup_steps)`` at
-    step ``n`` (0-based), so the first step already moves; without, it is the constant ``lr``."""
-    return standard_promotion(optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm), _adamw(config)
-    ))
-
-
-def _adamw(config: StepConfig) -> optax.GradientTransformation:
-    """The AdamW part of ``make_optimizer`` (its second stage, after the clip)."""
-    lr = config.learning_rate
-    learning_rate: optax.ScalarOrSchedule = lr
-    if config.warmup_steps > 0:
-        warmup = config.warmup_steps
-        learning_rate = lambda count: lr * jnp.minimum(1.0, (count + 1) / warmup)  # noqa: E731
-    return optax.adamw(
-        learning_rate,
-        b1=config.adam_b1,
-        b2=config.adam_b2,
-        eps=config.adam_eps,
-        weight_decay=config.weight_decay,
-    )
-
-
-UPDATE_BLOCK_BYTES = 32 << 20  # most bytes of one leaf's rows that the update handles at once
-
-
-def _row_block(x) -> int:
-    """The largest divisor of ``x``'s row count whose rows fit ``UPDATE_BLOCK_BYTES`` (at least 1)."""
-    if x.ndim == 0:
-        return 0
-    row_bytes = max(1, x.dtype.itemsize * (x.size // max(1, x.shape[0])))
-    most = max(1, UPDATE_BLOCK_BYTES // row_bytes)
-    return max(d for d in range(1, min(x.shape[0], most) + 1) if x.shape[0] % d == 0)
-
-
-def _update_leaf_by_leaf(grads, opt_state, params, config: StepConfig):
-    """``make_optimizer(config).update`` then ``optax.apply_updates``, one parameter at a time.
-
-    The same arithmetic as the optax chain (``optax.clip_by_global_norm``'s clip, then optax's
-    AdamW on each leaf as a tree of its own), but its full-size intermediates (the clipped
-    gradient, the update) exist for one leaf at a time: each leaf waits for the previous leaf's
-    new value, where XLA would otherwise clip every leaf first and hold the whole clipped tree
-    beside the gradient. Returns ``(params, opt_state)`` in the
-    optax state's structure.
-    """
-    clip_state, (adam_state, *rest) = opt_state
-    adamw = _adamw(config)
-    max_norm = config.max_grad_norm
-    with jax.numpy_dtype_promotion("standard"):
-        g_norm = optax.tree.norm(grads)
-    trigger = jnp.squeeze(g_norm < max_norm)
-    g_leaves, treedef = jax.tree.flatten(grads)
-    p_leaves = jax.tree.leaves(params)
-    mu_leaves = jax.tree.leaves(adam_state.mu)
-    nu_leaves = jax.tree.leaves(adam_state.nu)
-    new_p, new_mu, new_nu = [], [], []
-
-    def leaf_update(g, p, mu, nu):
-        g = jax.lax.select(trigger, g, (g / g_norm.astype(g.dtype)) * max_norm)
-        with jax.numpy_dtype_promotion("standard"):
-            update, state = adamw.update(g, (adam_state._replace(mu=mu, nu=nu), *rest), p)
-            return optax.apply_updates(p, update), state[0].mu, state[0].nu
-
-    previous = None
-    for g, p, mu, nu in zip(g_leaves, p_leaves, mu_leaves, nu_leaves, strict=True):
-        if previous is not None:
-            # 0·x is no constant to XLA (it is NaN for an infinite x): the leaf waits for the
-            # previous one, and its value is unchanged (up to the sign of a zero).
-            g = g + (previous.reshape(-1)[0] * 0).astype(g.dtype)
-        block = _row_block(p)
-        if block in (0, p.shape[0]):
-            p, mu, nu = leaf_update(g, p, mu, nu)
-        else:  # one block of rows after the other, written over the old values in place
-            def rows(k, carry, g=g, block=block):
-                start = k * block
-                sliced = [jax.lax.dynamic_slice_in_dim(x, start, block) for x in (g, *carry)]
-                return tuple(
-                    jax.lax.dynamic_update_slice_in_dim(x, x_k, start, axis=0)
-                    for x, x_k in zip(carry, leaf_update(*sliced), strict=True)
-                )
-
-            p, mu, nu = jax.lax.fori_loop(0, p.shape[0] // block, rows, (p, mu, nu))
-        new_p.append(p)
-        new_mu.append(mu)
-        new_nu.append(nu)
-        previous = p
-    # The step counts (Adam's, the schedule's) advance alike for every leaf: those of any update.
-    scalar = jnp.zeros((), jnp.float32)
-    with jax.numpy_dtype_promotion("standard"):
-        _, state = adamw.update(scalar, (adam_state._replace(mu=scalar, nu=scalar), *rest), scalar)
-    adam_state = state[0]._replace(
-        mu=jax.tree.unflatten(treedef, new_mu), nu=jax.tree.unflatten(treedef, new_nu)
-    )
-    return jax.tree.unflatten(treedef, new_p), (clip_state, (adam_state, *state[1:]))
+    """The step's optimizer (``runtime.trainer.optimizer``): global-norm clipping, then AdamW
+    with the step's learning rate, warm-up, weight decay and Adam parameters."""
+    return transformation(config.optimizer)
 
 
 def _chunked_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
@@ -506,7 +435,7 @@ def train_step(
         updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
     else:
-        params, opt_state = _update_leaf_by_leaf(grads, opt_state, params, config)
+        params, opt_state = update_leaf_by_leaf(grads, opt_state, params, config.optimizer)
     metrics.update(
         loss=loss,
         grad_norm=optax.tree.norm(grads),
@@ -514,3 +443,10 @@ def train_step(
         response_tokens=jnp.sum(mask_BS).astype(jnp.float32) / mask_BS.shape[0],
     )
     return params, opt_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+
+@jax.jit
+def finite_leaves(tree) -> jax.Array:
+    """``bool[L]``: whether each leaf of ``tree`` (in ``jax.tree.leaves`` order) holds only
+    finite values; the trainer publishes no version with a NaN or an infinity in it."""
+    return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)])

@@ -23,7 +23,20 @@ from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
 from runtime.trainer.batch import Sample, pack, shared_prefix
 from runtime.trainer.mesh import shard_rows, shard_tree, to_host
-from runtime.trainer.step import StepConfig, make_optimizer, score, train_step
+from runtime.trainer.step import StepConfig, finite_leaves, make_optimizer, score, train_step
+
+
+class NonFiniteWeights(RlxError):
+    """A train step made weights with a NaN or an infinity in them: they are not published."""
+
+
+def nonfinite_leaves(params) -> list[str]:
+    """The paths of the leaves of ``params`` that hold a NaN or an infinity."""
+    from runtime.params.tree import path_string
+
+    finite = to_host(finite_leaves(params))
+    paths = [path_string(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    return [path for path, ok in zip(paths, finite.tolist(), strict=True) if not ok]
 
 
 class StepTrainer:
@@ -159,6 +172,12 @@ class StepTrainer:
         )
         # The compiler picks the step's output layouts; the next step starts from the mesh's.
         new_params, new_opt = shard_tree(self.mesh, new_params), shard_tree(self.mesh, new_opt)
+        bad = nonfinite_leaves(new_params)
+        if bad:
+            raise NonFiniteWeights(
+                f"step {task.step} made non-finite weights (NaN or inf in {', '.join(bad[:3])}"
+                f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}): version {task.step} is not published and "
+                f"the run stops; `rlx audit step {task.step}` shows the batch it was trained on")
         failpoint("trainer.step")
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))

@@ -31,7 +31,7 @@ DEFAULT_OUT = os.path.join(ROOT, "scripts", "studies", "results")
 EVAL_POINTS = 6  # periodic held-out evaluations per run when --eval-every is not given
 TABLE_NOTE = (
     "Start and final pass: the held-out greedy pass rate that each run measures on versions 0 and final "
-    "after RL (`eval_before`, `eval_after` of its summary.json; `pretrain.eval_size` problems). The figure's "
+    "after RL (`eval_before`, `eval_after` of its summary.json; `eval.size` problems, the ledger's evaluations of those versions). The figure's "
     "points are the periodic evaluations (`eval.size` problems), against the step and against the wall time "
     "since the run started. Steps/min: RL steps per minute of RL time (`steps_per_minute`), with the periodic "
     "evaluations running in a background thread of the same process meanwhile. With several seeds every "

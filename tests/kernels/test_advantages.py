@@ -38,6 +38,7 @@ def test_reinforce_with_and_without_baseline():
     )
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(group_rewards())
 def test_grpo_advantages_are_centred_and_unit_std(rewards_MG):

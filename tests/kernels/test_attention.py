@@ -30,6 +30,7 @@ def _inputs():
     return q, k, v, weights, causal_mask(valid_BT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [3, 1, T, 0])
 def test_blocks_of_queries_give_the_dense_output_and_gradient(block):
     q, k, v, weights, mask = _inputs()

@@ -54,6 +54,7 @@ def grad_matrix(rows):
 # --- 6.1 REINFORCE --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reinforce_without_baseline():
     # Â = R = [1, 0, 0, 1], seq_mean_token_sum (1/N_seq = 1/4):
     # L = -(1/4)[(-0.90 - 0.28 - 2.05) + (-0.60)] = 3.83/4 = 0.9575; ∂L/∂ℓ = -Â/4.
@@ -369,6 +370,7 @@ def dpo(logp, **options):
     )
 
 
+@pytest.mark.slow
 def test_dpo():
     # Chosen log-ratios [0.5, 0.2], rejected [-1.0, 0.5] → Δ = [1.5, -0.3];
     # softplus(-0.15) = 0.620957, softplus(0.03) = 0.708260, mean 0.664608.

@@ -183,6 +183,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 @EXAMPLES
 @given(batch=batches(spread=1.3), seed=st.integers(0, 2**32 - 1))
@@ -292,6 +293,7 @@ def test_dual_clip_bounds_negative_advantage_losses(batch, dual):
 # --- P7, P9: padding and sharding ------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["grpo", "dapo", "dapo_group", "drgrpo", "ppo", "gspo", "rloo"])
 @EXAMPLES
 @given(batch=batches(spread=1.0))

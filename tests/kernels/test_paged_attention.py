@@ -129,6 +129,7 @@ def test_reference_matches_oracle_on_random_tables(lengths, seed):
 _jitted_reference = jax.jit(lambda *a: paged_attention_reference(*a, scale=SCALE))
 
 
+@pytest.mark.slow
 def test_pallas_kernel_in_interpret_mode_matches_reference_without_recompiling():
     # Interpret mode costs seconds per new shape: one shape, two length patterns.
     q, k_seq, v_seq, k_pages, v_pages, lengths, table = make_case(6, EDGE_LENGTHS, fill=np.nan)

@@ -48,6 +48,7 @@ def reference_dpo(logp, logp_ref, mask, beta=0.1, smoothing=0.0):
                     - smoothing * jax.nn.log_sigmoid(-margin))
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(completions(), st.floats(0.01, 1.0), st.floats(0.0, 0.45))
 def test_dpo_gradient_equals_autodiff_of_the_reference(data, beta, smoothing):
@@ -65,6 +66,7 @@ def test_dpo_gradient_equals_autodiff_of_the_reference(data, beta, smoothing):
     np.testing.assert_allclose(per_row[:ROWS // 2], -per_row[ROWS // 2:], atol=1e-15)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(completions(), st.floats(-50.0, 50.0))
 def test_dpo_margin_identities(data, shift):
@@ -106,6 +108,7 @@ def reference_kto(logp, logp_ref, mask, desirable, z0, beta, weight_d, weight_u)
     return jnp.mean(losses)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(completions(), st.lists(st.booleans(), min_size=ROWS, max_size=ROWS),
        st.floats(0.0, 2.0), st.floats(0.01, 1.0), st.floats(0.5, 2.0), st.floats(0.5, 2.0))
@@ -122,6 +125,7 @@ def test_kto_gradient_equals_autodiff_of_the_reference(data, labels, z0, beta, w
     np.testing.assert_allclose(grad, ref_grad, atol=1e-12)
 
 
+@pytest.mark.slow
 @EXAMPLES
 @given(completions())
 def test_kto_reference_point_is_nonnegative_and_constant(data):
@@ -143,6 +147,7 @@ def test_kto_reference_point_is_nonnegative_and_constant(data):
     np.testing.assert_array_equal(grad, 0.0)
 
 
+@pytest.mark.slow
 def test_kto_shape_of_the_value():
     ones = np.ones((4, 1), bool)
     desirable = np.array([True, True, False, False])

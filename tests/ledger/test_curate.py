@@ -91,6 +91,7 @@ def test_versions_and_band_choose_rollouts_and_prompts(golden, tmp_path):
     assert len(_lines(out)) == sum(s["kept"] for s in stats)
 
 
+@pytest.mark.slow
 def test_multi_processing_writes_the_same_files(golden, tmp_path):
     _, path, out = golden
     mp = str(tmp_path / "mp.jsonl")

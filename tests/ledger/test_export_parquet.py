@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from ledger.pipelines.columnar import JSON_COLUMNS, SCHEMAS
 from runtime.cli import main
@@ -16,6 +17,7 @@ from tests.ledger.test_pipelines import _ledger, _rows
 from tests.runtime.controller.golden.regenerate import HERE, load
 
 
+@pytest.mark.slow
 def test_parquet_tables_hold_the_json_rows(tmp_path, capsys):
     path = _ledger(tmp_path, load(HERE / "deterministic_k0_filtered.msgpack"))
     js, pa_out = str(tmp_path / "json"), str(tmp_path / "parquet")

@@ -49,6 +49,7 @@ def filtered(tmp_path_factory):
     return stored, counts, _rows(str(tmp / "out"), "rollouts"), _rows(str(tmp / "out"), "versions")
 
 
+@pytest.mark.slow
 def test_every_requested_rollout_has_one_row_agreeing_with_the_audit(filtered):
     stored, counts, rows, _ = filtered
     prov = Provenance.from_events(stored)
@@ -102,6 +103,7 @@ def test_version_rows_count_what_each_version_sampled(filtered):
         assert v["digest"] == published[v["version"]]
 
 
+@pytest.mark.slow
 def test_step_rows_agree_with_the_audit(filtered, tmp_path):
     stored, counts, _, _ = filtered
     prov = Provenance.from_events(stored)
@@ -119,6 +121,7 @@ def test_step_rows_agree_with_the_audit(filtered, tmp_path):
         assert row["produced_digest"] == (doc["produced"]["digest"] if doc["produced"] else None)
 
 
+@pytest.mark.slow
 def test_read_ranges_do_not_change_the_rows(filtered, tmp_path):
     stored, _, rows, versions = filtered
     path = _ledger(tmp_path, [s.event for s in stored])
@@ -129,6 +132,7 @@ def test_read_ranges_do_not_change_the_rows(filtered, tmp_path):
         versions, key=lambda v: v["version"])
 
 
+@pytest.mark.slow
 def test_leases_and_abandoned_attempts_are_counted(tmp_path):
     sampling = {"max_tokens": 4}
     events = [
@@ -150,6 +154,7 @@ def test_leases_and_abandoned_attempts_are_counted(tmp_path):
     assert (v0["rollouts"], v0["completed"], v0["scored"], v0["pass_rate"], v0["mean_tokens"]) == (2, 1, 1, 1.0, 2.0)
 
 
+@pytest.mark.slow
 def test_bad_requests_write_nothing(filtered, tmp_path):
     stored, *_ = filtered
     path = _ledger(tmp_path, [s.event for s in stored])
@@ -198,6 +203,7 @@ def test_cli_export(filtered, tmp_path, capsys):
     assert info.value.code == 2 and "unexpected arguments after --" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_from_postgresql_matches_sqlite(filtered, pg_url, tmp_path):
     stored, _, rows, versions = filtered
     with open_store(pg_url, create=True) as store:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from ledger import LedgerError, RolloutAssigned, StoreUnavailable, open_store
 from ledger.errors import ReadOnlyStore
 from runtime.cli import main
+from runtime.rundir import RunDir
 from tests.ledger.readonly_mount import ROOT, rlx_readonly, tree_digest, unavailable
 from tests.ledger.simulated import write_simulated_run
 
@@ -25,19 +26,19 @@ from tests.ledger.simulated import write_simulated_run
 def run_dir(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
-    with open_store(d, create=True) as store:
+    with open_store(RunDir(d).ledger, create=True) as store:
         write_simulated_run(store, steps=2)
     return d
 
 
 def _head(directory) -> int:
-    with open_store(directory) as store:
+    with open_store(RunDir(directory).ledger) as store:
         (run,) = store.runs()
         return store.head(run).seq
 
 
 def _head_read_only(directory) -> int:
-    with open_store(directory, readonly=True) as store:
+    with open_store(RunDir(directory).ledger, readonly=True) as store:
         (run,) = store.runs()
         return store.head(run).seq
 
@@ -96,7 +97,7 @@ def test_a_file_that_is_not_a_ledger_is_refused_unchanged(tmp_path, capsys, kind
     assert not (tmp_path / "out").exists()
     for opening in ({}, {"readonly": True}):
         with pytest.raises(StoreUnavailable, match=f"^{path} is not an rlx ledger: .*expected"):
-            open_store(directory, **opening)
+            open_store(path, **opening)
         assert tree_digest(directory) == before
     if kind == "foreign":
         with sqlite3.connect(path) as c:
@@ -106,7 +107,7 @@ def test_a_file_that_is_not_a_ledger_is_refused_unchanged(tmp_path, capsys, kind
 
 def test_a_read_only_store_reads_everything_and_refuses_every_write(run_dir):
     before = tree_digest(run_dir)
-    with open_store(run_dir, readonly=True) as store:
+    with open_store(RunDir(run_dir).ledger, readonly=True) as store:
         (run,) = store.runs()
         head = store.head(run)
         assert store.verify(run).ok and store.verify(run).head_seq == head.seq > 50
@@ -128,7 +129,8 @@ def test_a_read_only_store_reads_everything_and_refuses_every_write(run_dir):
 
 
 def test_a_reader_beside_a_live_writer_sees_each_commit(run_dir):
-    with open_store(run_dir) as writer, open_store(run_dir, readonly=True) as reader:
+    ledger = RunDir(run_dir).ledger
+    with open_store(ledger) as writer, open_store(ledger, readonly=True) as reader:
         (run,) = writer.runs()
         epoch = writer.acquire_epoch(run)
         head = reader.head(run).seq
@@ -170,6 +172,7 @@ def _one_line_error(done: subprocess.CompletedProcess) -> str:
     return done.stderr
 
 
+@pytest.mark.slow
 @needs_mount
 def test_every_ledger_reader_works_on_a_read_only_mount(run_dir, tmp_path):
     head = _head(run_dir)
@@ -192,14 +195,16 @@ def test_every_ledger_reader_works_on_a_read_only_mount(run_dir, tmp_path):
 _CRASHING_WRITER = """
 import os, signal, sys
 from ledger import open_store
+from runtime.rundir import RunDir
 from tests.ledger.simulated import write_simulated_run
-store = open_store(sys.argv[1], create=True)
+store = open_store(RunDir(sys.argv[1]).ledger, create=True)
 run = write_simulated_run(store, steps=2)
 print(store.head(run).seq, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow
 @needs_mount
 def test_a_copy_of_a_crashed_writers_run_directory_reads_on_a_read_only_mount(tmp_path):
     live = tmp_path / "live"

@@ -1,13 +1,17 @@
-"""A run directory whose ledger lives elsewhere names it in ``ledger.json``."""
+"""A run directory whose ledger lives elsewhere names it in ``ledger.json``; the ledger itself
+knows no run directory (``runtime.rundir`` lets it take one)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from ledger import StoreUnavailable, open_store
-from ledger.store import pointed_run, resolve_url, run_pointer, write_run_pointer
+from ledger.url import resolve_url
+from runtime.rundir import pointed_run, run_pointer, write_run_pointer
 
 
 def test_a_pointer_resolves_the_directory_to_its_ledger(tmp_path):
@@ -35,3 +39,12 @@ def test_a_bad_pointer_is_one_clear_error(tmp_path, text):
     with pytest.raises(StoreUnavailable, match="ledger.json does not point to a ledger"):
         resolve_url(tmp_path)
     assert os.listdir(tmp_path) == ["ledger.json"]
+
+
+def test_without_runtime_a_directory_is_not_a_ledger(tmp_path):
+    """``ledger`` alone takes a directory for a SQLite file, which the store refuses in one line."""
+    code = ("import sys; from ledger import StoreUnavailable, open_store\n"
+            "try:\n    open_store(sys.argv[1])\nexcept StoreUnavailable as e:\n    print(e)\n"
+            "assert 'runtime' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"{tmp_path} is a directory, not a ledger file"

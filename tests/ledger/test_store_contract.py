@@ -279,7 +279,7 @@ class TestSqliteStore(_SqlDamage, StoreContract):
         run_id, epoch = run
         store.append(run_id, assigned(4), expected_seq=0, epoch=epoch)
         store.close()
-        with open_store(self.path.parent) as again:  # a run directory works too
+        with open_store(self.path) as again:
             assert again.head(run_id).seq == 4 and again.writer_epoch(run_id) == epoch
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import runtime.rundir  # noqa: F401  (the runtime tests open run directories by their path, as every rlx command does)
 from tests.runtime.small_run import tiny_config, write_sums
 
 

@@ -12,7 +12,7 @@ STEPS = 3
 SEED = 1
 TINY = [
     "pretrain.steps=20",
-    "pretrain.eval_size=16",
+    "eval.size=16",
     "scheduling.groups_per_batch=4",
     "sampling.group_size=4",
     "workers.inference_slots=16",
@@ -35,7 +35,8 @@ def tiny_config(data: str, cache_dir: str) -> Config:
     return Config.from_dict({
         "run": {"steps": STEPS, "seed": SEED},
         "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
-        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir, "eval_size": 4},
+        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir},
+        "eval": {"size": 4},
         "data": {"task": "jsonl", "path": data, "eval_fraction": 0.2},
         "sampling": {"group_size": 4, "max_tokens": 4},
         "scheduling": {"groups_per_batch": 2, "max_staleness": 1},

@@ -11,8 +11,9 @@ import pytest
 from runtime.cli import main
 
 
+@pytest.mark.slow
 def test_curated_rows_are_the_runs_rows_and_load_as_data(small_run, tmp_path):
-    from runtime.commands.run import _config
+    from runtime.commands.run import config_from_args
     from runtime.session import make_task
 
     out, _, config = small_run
@@ -29,7 +30,7 @@ def test_curated_rows_are_the_runs_rows_and_load_as_data(small_run, tmp_path):
         assert row == {"prompt": p.prompt, "answer": p.answer}
     parser_args = type("A", (), {"config": None, "overrides": [], "steps": None, "steps_field": "run.steps",
                                  "seed": None, "model": None, "data": curated})()
-    loaded = make_task(_config(parser_args))  # what `rlx run --data curated.jsonl` loads
+    loaded = make_task(config_from_args(parser_args))  # what `rlx run --data curated.jsonl` loads
     assert loaded.train_size + loaded.eval_size == len(rows)
     assert sorted(loaded.problem("train", i).prompt for i in range(loaded.train_size)) == sorted(
         r["prompt"] for r in rows if r["prompt"] not in {loaded.problem("eval", j).prompt
@@ -42,7 +43,8 @@ def _codefn_config(path: str, cache_dir: str):
     return Config.from_dict({
         "run": {"steps": 3, "seed": 0},
         "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
-        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir, "eval_size": 4},
+        "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": cache_dir},
+        "eval": {"size": 4},
         "data": {"task": "codefn", "path": path},
         "sampling": {"group_size": 4, "max_tokens": 12},
         "scheduling": {"groups_per_batch": 4, "max_staleness": 1},
@@ -67,7 +69,7 @@ def _outcomes_by_prompt(out: str) -> dict[int, list]:
 
 
 def test_a_generated_codefn_run_curates_to_function_test_rows_the_codefn_task_reads(tmp_path):
-    from runtime.commands.run import _config
+    from runtime.commands.run import config_from_args
     from runtime.config import Config
     from runtime.curation import DataSource
     from runtime.session import make_task
@@ -82,7 +84,7 @@ def test_a_generated_codefn_run_curates_to_function_test_rows_the_codefn_task_re
     assert source.run_args(path) == f"--data {path} --set data.task=codefn"
     args = type("A", (), {"config": None, "overrides": ["data.task=\"codefn\"", "run.seed=4"], "steps": None,
                           "steps_field": "run.steps", "seed": None, "model": None, "data": path})()
-    task = make_task(_config(args))  # what `rlx run --data curated.jsonl --set data.task=codefn` loads
+    task = make_task(config_from_args(args))  # what `rlx run --data curated.jsonl --set data.task=codefn` loads
     assert task.name == "codefn" and task.path == path
     generated = make_task(config)
     assert [task.problem("train", k) for k in range(2)] == [generated.problem("train", i) for i in (7, 3)]

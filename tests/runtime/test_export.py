@@ -80,6 +80,7 @@ def checkpoint_run(tmp_path_factory):
     return out, checkpoint
 
 
+@pytest.mark.slow
 def test_version_0_of_a_checkpoint_run_gives_back_the_checkpoint_bit_for_bit(checkpoint_run, tmp_path):
     run_dir, checkpoint = checkpoint_run
     out = tmp_path / "v0"
@@ -128,6 +129,7 @@ def test_bfloat16_export_and_float32_override(checkpoint_run, tmp_path):
     np.testing.assert_array_equal(exported, stored["norm"]["scale"].astype(ml_dtypes.bfloat16))
 
 
+@pytest.mark.slow
 def test_the_built_in_model_exports_with_its_character_tokenizer(small_run, tmp_path):
     run_dir, summary, _ = small_run
     out = tmp_path / "builtin"

@@ -101,7 +101,9 @@ def test_rl_with_a_chat_template_replays_bit_exact_and_audits_clean(checkpoint, 
     shutil.move(str(ckpt), str(tmp_path / "original"))
     shutil.move(str(edited), str(ckpt))
     try:
-        with pytest.raises(UsageError, match="is not the one the run was started with"):
+        # The run recorded the checkpoint's files by digest: the edited template file is named
+        # (data.chat_template_digest would refuse it too, for a ledger that records no inputs).
+        with pytest.raises(UsageError, match=r"cannot replay: input file '.*/tokenizer_config\.json' has changed"):
             replay_run(str(moved))
     finally:
         shutil.rmtree(ckpt)

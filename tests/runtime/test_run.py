@@ -42,6 +42,11 @@ def test_every_algorithm_runs_and_its_ledger_verifies(tmp_path, cache_dir, algor
         assert all(v == v for v in m.values()), f"NaN metric in {m}"  # no NaN anywhere
     with open_store(out) as store:
         assert store.verify("run").ok
+        evaluated = {e.version: e for e in store.events("run") if e.KIND == "VersionEvaluated"}
+    # The headline is the ledger's: the VersionEvaluated events of versions 0 and final.
+    assert set(evaluated) == {0, 2}
+    assert (summary["eval_before"], summary["eval_after"], summary["eval_size"]) == (
+        evaluated[0].greedy_pass_rate, evaluated[2].greedy_pass_rate, evaluated[2].problems)
     assert os.path.getsize(os.path.join(out, "report.png")) > 10_000
     with open(os.path.join(out, "summary.json")) as f:
         saved = json.load(f)
@@ -109,7 +114,7 @@ def test_resume_after_sigkills_ends_with_the_uninterrupted_digest(tmp_path, cach
     again = [sys.executable, "-m", "runtime.cli", "resume", out, "--no-progress"]
     outputs = []
     for argv, point in ((first, "trainer.step@2"), (again, "params.put@2"), (again, "inference.generate@1")):
-        proc = subprocess.run(argv, env={**os.environ, "RLX_FAILPOINTS": point}, capture_output=True, text=True,
+        proc = subprocess.run(argv, env={**os.environ, "RLX_FAILPOINTS": point, "RLX_TEST_FAILPOINTS": "1"}, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr[-2000:])
         outputs.append(proc.stdout)
@@ -171,7 +176,7 @@ def test_a_run_on_postgresql_resumes_replays_and_audits_from_its_directory(tmp_p
     first = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]
     for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "run.steps=3", f'ledger.url="{pg_url}"']:
         first += ["--set", o]
-    killed = subprocess.run(first, env={**env, "RLX_FAILPOINTS": "trainer.step@2"}, capture_output=True,
+    killed = subprocess.run(first, env={**env, "RLX_FAILPOINTS": "trainer.step@2", "RLX_TEST_FAILPOINTS": "1"}, capture_output=True,
                             text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not os.path.exists(os.path.join(out, "ledger.db"))
@@ -210,6 +215,7 @@ def test_pretrain_alone_trains_or_loads_the_warm_start_and_saves_a_checkpoint(tm
     import jax
     import numpy as np
 
+    from runtime.evaluation import greedy_pass_rate
     from runtime.model import load_hf
     from runtime.session import build_session
 
@@ -218,7 +224,9 @@ def test_pretrain_alone_trains_or_loads_the_warm_start_and_saves_a_checkpoint(tm
     assert session.warm_start["cached"] and session.warm_start["checkpoint"] in printed.replace("\n", "")
     flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])  # noqa: E731
     assert flat(saved.params).tobytes() == flat(session.model.params).tobytes()
-    assert f"held-out greedy pass rate: {session.evaluate(session.model.params, limit=16):.1%}" in printed
+    rate = greedy_pass_rate(session.engine, session.task, session.codec, session.model.params, size=16,
+                            max_tokens=session.config.max_tokens)
+    assert f"held-out greedy pass rate: {rate:.1%}" in printed
     assert main([*argv, "--out", out]) == 2  # never overwrites a checkpoint
     assert "already holds a checkpoint" in capsys.readouterr().err
 
@@ -230,7 +238,7 @@ def test_failing_snapshot_writes_are_said_once_and_the_run_finishes(tmp_path, ca
     for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "run.steps=3", "ledger.snapshot_every=8"]:
         argv += ["--set", o]
     # The 1st and 2nd snapshot writes raise an I/O error; the later ones succeed.
-    proc = subprocess.run(argv, env={**os.environ, "RLX_FAILPOINTS": "ledger.snapshot@1:raise=2"},
+    proc = subprocess.run(argv, env={**os.environ, "RLX_FAILPOINTS": "ledger.snapshot@1:raise=2", "RLX_TEST_FAILPOINTS": "1"},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = " ".join(proc.stdout.split())  # the console wraps long lines
@@ -249,13 +257,14 @@ def test_resume_on_another_stack_says_so(tmp_path, cache_dir, monkeypatch):
     first = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--no-progress"]
     for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "run.steps=3"]:
         first += ["--set", o]
-    killed = subprocess.run(first, env={**os.environ, "RLX_FAILPOINTS": "trainer.step@2"}, capture_output=True,
+    killed = subprocess.run(first, env={**os.environ, "RLX_FAILPOINTS": "trainer.step@2", "RLX_TEST_FAILPOINTS": "1"}, capture_output=True,
                             text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     import runtime.run as rr
+    import runtime.session as rs
 
-    recorded = rr.fingerprint()
-    monkeypatch.setattr(rr, "fingerprint", lambda: {**recorded, "cores": recorded["cores"] + 6})
+    recorded = rs.fingerprint()
+    monkeypatch.setattr(rs, "fingerprint", lambda: {**recorded, "cores": recorded["cores"] + 6})
     lines: list[str] = []
     summary = rr.resume(out, progress=False, log=lines.append)
     assert summary["final_version"] == 3
@@ -274,4 +283,10 @@ def test_more_workers_change_nothing_but_timing_in_deterministic_mode(tmp_path, 
         events = [s.event for s in store.read("run")]
     joined = sorted(e.worker_id for e in events if e.KIND == "WorkerJoined")
     assert joined == ["inference-0", "inference-1", "trainer-0", "verifier-0", "verifier-1", "verifier-2"]
+    # Threads record what worker processes record: the trainer's stack and layout, each engine's shape.
+    for e in events:
+        if e.KIND == "WorkerJoined" and e.role in ("trainer", "inference"):
+            assert e.info["fingerprint"]["devices"] >= 1 and e.info["fingerprint"]["processes"] == 1, e
+        if e.KIND == "WorkerJoined" and e.role == "inference":
+            assert e.info["engine"]["attention_impl"] == "live", e  # the resolved config's, as in processes
     assert {e.worker_id for e in events if e.KIND == "RolloutCompleted"} == {"inference-0", "inference-1"}

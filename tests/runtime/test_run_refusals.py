@@ -56,6 +56,7 @@ def test_an_unreachable_ledger_server_is_found_before_the_run_directory_is_made(
                                'ledger.url="postgresql://postgres@127.0.0.1:1/test"', *FAST], "127.0.0.1:1")
 
 
+@pytest.mark.slow
 def test_completions_longer_than_the_model_can_hold(capsys, tmp_path):
     out = str(tmp_path / "run")
     refused(capsys, tmp_path, ["run", "--out", out, "--set", "sampling.max_tokens=1000000000", *FAST],
@@ -64,6 +65,7 @@ def test_completions_longer_than_the_model_can_hold(capsys, tmp_path):
             "sampling.max_tokens 60000 is too large for this model")
 
 
+@pytest.mark.slow
 def test_a_code_task_refuses_the_weak_sandbox_unless_named(tmp_path):
     """Where namespaces are unavailable (forced here with the sandbox's own switch), ``auto`` does
     not fall back silently to ``rlimits``: the run stops before training, in one line."""

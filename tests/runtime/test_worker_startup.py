@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from runtime.config import load_config
 from runtime.session import build_codec, build_scoring, build_session
 
@@ -38,6 +40,7 @@ def test_the_verifiers_codec_is_the_sessions_without_building_the_model(tmp_path
     assert same_codec(codec, build_session(config, log=lambda m: None).codec)
 
 
+@pytest.mark.slow
 def test_worker_processes_keep_compiled_programs_on_disk(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env["HOME"] = str(tmp_path)
@@ -59,6 +62,7 @@ def test_calls_made_before_the_controller_exists_wait_for_it():
 
     from ledger import open_store
     from runtime.controller import ControllerLoop
+    from runtime.host import Front
     from runtime.service.client import ControllerClient
     from runtime.service.server import ControllerService, PendingService, serve
     from verifiers.service.security import ListenAddress
@@ -76,7 +80,7 @@ def test_calls_made_before_the_controller_exists_wait_for_it():
                              data_size=8)
         ctrl = ControllerLoop.create(open_store("memory://"), run_id="r", config=config.to_dict(),
                                      config_digest=config.digest(), seed=1)
-        pending.attach(ControllerService(ctrl, config=config.to_dict(), params_url="memory://p"))
+        pending.attach(ControllerService(Front(ctrl, config=config.to_dict(), params_url="memory://p")))
         caller.join(5.0)
         assert [(a.run_id, a.params_url) for a in answers] == [("r", "memory://p")]
         assert client.join("w", "verifier").worker_id == "w"  # later calls go straight through

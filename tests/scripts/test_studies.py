@@ -55,6 +55,7 @@ def test_study_writes_its_figure_table_and_results(tmp_path, cache_dir, script, 
     assert "--steps 2" in table and "workers.mode=threads" in table
 
 
+@pytest.mark.slow
 def test_an_unknown_algorithm_is_refused_before_any_run(tmp_path):
     """The algorithms study shares the run, plot and table code that the two studies above run
     end to end; its own part is the choice of configs."""

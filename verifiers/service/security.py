@@ -94,20 +94,18 @@ def load_token(token_file: str | None = None, environ: Mapping[str, str] = os.en
 
 
 def _abort_unauthenticated(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that refuses the call."""
+    """A handler that refuses the call without reading its request.
 
-    def refuse(request, context):
+    Whatever shape ``handler`` has, the refusal takes the request as a stream it never iterates:
+    gRPC then receives no more of the body than HTTP/2's flow-control window, instead of buffering
+    and parsing a message of up to the server's receive limit for a caller it is about to turn
+    away (the wire cannot tell a unary request from a one-message stream)."""
+
+    def refuse(requests, context):
         context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(refuse, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+    return make(refuse, response_serializer=handler.response_serializer)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -160,6 +158,13 @@ class ServerSecurity:
                 f"listening on {address.host} (not loopback) needs a token: set ${TOKEN_ENV} or "
                 "pass --token-file"
             )
+
+    def cleartext(self, address: ListenAddress) -> str | None:
+        """The one-line warning for a token sent in clear beyond this machine, or None."""
+        if address.loopback or self.token is None or self.tls_cert is not None:
+            return None
+        return (f"warning: listening on {address.host} (not loopback) without TLS: the token travels in clear, "
+                "readable by anyone on the network path; give --tls-cert and --tls-key")
 
     def interceptors(self) -> Sequence[grpc.ServerInterceptor]:
         return () if self.token is None else (TokenInterceptor(self.token),)

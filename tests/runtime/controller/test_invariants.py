@@ -30,7 +30,7 @@ def test_golden_histories_hold_every_invariant(name):
 
 
 def test_every_invariant_has_a_name():
-    assert sorted(NAMES) == [f"I{i}" for i in range(1, 9)]
+    assert sorted(NAMES) == [f"I{i}" for i in range(1, 10)]
 
 
 def test_rollout_consumed_twice_is_caught():

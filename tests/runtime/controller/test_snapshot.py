@@ -146,7 +146,7 @@ run_to_end(loop, workers=2, slots=2)
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_kill_during_a_snapshot_write_leaves_the_ledger_valid_and_resume_correct(backend, tmp_path, request):
     path = str(tmp_path / "ledger.db") if backend == "sqlite" else request.getfixturevalue("pg_url")
-    env = {**os.environ, "RLX_FAILPOINTS": "ledger.snapshot@2", "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "RLX_FAILPOINTS": "ledger.snapshot@2", "RLX_TEST_FAILPOINTS": "1", "PYTHONPATH": os.getcwd()}
     proc = subprocess.run([sys.executable, "-c", _CRASH, path], env=env, capture_output=True, timeout=120)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     with open_store(path) as store:

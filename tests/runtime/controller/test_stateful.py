@@ -273,8 +273,8 @@ class ControllerMachine(RuleBasedStateMachine):
         if task is None or isinstance(task, InitTask):
             return
         result = list(self.trainer.train(task))
-        assert all(v.accepted for v in self.loop.publish(result))
-        assert not any(v.accepted for v in self.loop.publish(result))
+        assert all(v.accepted for v in self.loop.publish(result, worker_id="t0"))
+        assert not any(v.accepted for v in self.loop.publish(result, worker_id="t0"))
         event("duplicate train step rejected")
         self._note()
 

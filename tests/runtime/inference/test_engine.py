@@ -58,6 +58,7 @@ def _assert_same(got, expected, label):
     assert got.finish_reason == expected.finish_reason, label
 
 
+@pytest.mark.slow
 def test_completions_are_well_formed(alone):
     prompts, params, _ = WORKLOAD
     reasons = set()
@@ -156,6 +157,7 @@ def test_greedy_equals_repeated_full_forward_argmax(engine, model):
         assert c.tokens.tolist() == seq[len(prompt):]
 
 
+@pytest.mark.slow
 def test_logprobs_match_the_training_forward(engine, model):
     prompts, params, seeds = WORKLOAD
     out = engine.generate(prompts, params, seeds)

@@ -76,6 +76,7 @@ def _mismatch(model: Model, engine: Engine):
     return float(metrics["logprob_mismatch_max"]), float(want.max())
 
 
+@pytest.mark.slow
 def test_the_step_measures_the_bfloat16_log_prob_mismatch(bf16):
     model, engine = bf16
     got, want = _mismatch(model, engine)

@@ -74,6 +74,7 @@ ENGINE_ON_TWO = """
 """
 
 
+@pytest.mark.slow
 def test_an_engine_split_over_two_devices_is_batch_invariant_and_agrees_with_one():
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(ENGINE_ON_TWO)], cwd=ROOT, env=_env(2),
                           capture_output=True, text=True, timeout=600)

@@ -66,6 +66,7 @@ def test_char_tokenizer_ids_round_trip_and_unknowns():
         char_tokenizer("aba")
 
 
+@pytest.mark.slow
 def test_model_object_from_config_and_params():
     config = ModelConfig(**BASE, tie_word_embeddings=True)
     model = Model.init(config, key=jax.random.key(0), tokenizer=char_tokenizer())

@@ -148,6 +148,7 @@ def _tokens(seed: int, shape=(2, 12)) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, shape).astype(np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_load_hf_matches_transformers_logits(variant, tmp_path):
     hf_model = _hf_model(variant)
@@ -239,6 +240,7 @@ def _our_model(config: ModelConfig, seed: int) -> Model:
         ),
     ],
 )
+@pytest.mark.slow
 def test_save_hf_loads_in_transformers(arch, kwargs, tmp_path):
     vocab = char_tokenizer().get_vocab_size()
     config = ModelConfig(

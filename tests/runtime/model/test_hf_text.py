@@ -166,6 +166,7 @@ def test_prompts_are_counted_in_tokens(qwen2, data):
         longest_prompt(wide, task, codec, positions=256)
 
 
+@pytest.mark.slow
 def test_a_large_built_in_task_under_a_subword_tokenizer_needs_a_prompt_cap(qwen2):
     config = load_config(None, [f'model.path="{qwen2}"'])  # arithmetic: 999,500 training prompts
     codec, task = build_codec(config), make_task(config)

@@ -48,6 +48,7 @@ def _tables(num_seqs: int, seed: int) -> np.ndarray:
     return perm[: num_seqs * PAGES_PER_SEQ].reshape(num_seqs, PAGES_PER_SEQ).astype(np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [CONFIG, QWEN3], ids=["llama_bias", "qwen3_qk_norm_head_dim"])
 def test_prefill_then_decode_matches_full_forward(config):
     model = _model(config)
@@ -88,6 +89,7 @@ def test_prefill_then_decode_matches_full_forward(config):
         assert np.isnan(unused).all()
 
 
+@pytest.mark.slow
 def test_pallas_decode_matches_reference_decode():
     model = _model(seed=3)
     rng = np.random.default_rng(3)

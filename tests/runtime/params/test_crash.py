@@ -125,6 +125,7 @@ def test_kill_9_during_put_and_retain_leaves_only_complete_versions(tmp_path, pr
         check_version(reopened, version)
 
 
+@pytest.mark.slow
 def test_reader_never_sees_a_half_written_version(tmp_path, processes):
     url, log = f"file://{tmp_path}/params", tmp_path / "published.log"
     count = 12

@@ -53,6 +53,7 @@ def test_empty_tree_has_a_digest():
     assert params_digest({}) == params_digest(None) == expected
 
 
+@pytest.mark.slow
 def test_stable_across_processes():
     params = make_params(3)
     state = make_opt_state(3, params)

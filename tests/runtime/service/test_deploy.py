@@ -22,7 +22,7 @@ import pytest
 
 from ledger import events as ev
 from ledger import open_store
-from ledger.store import write_run_pointer
+from runtime.rundir import write_run_pointer
 from tests.runtime import small_run
 
 STEPS = 5
@@ -81,7 +81,7 @@ class Controller:
         self.log = os.path.join(deployment.dir, f"{name}.log")
         argv = rlx_argv("controller", "--ledger", deployment.ledger, "--params", deployment.params,
                         "--listen", f"127.0.0.1:{port}", "--run", deployment.run, "--steps", str(STEPS),
-                        *settings(deployment.cache_dir))
+                        "--token-out", deployment.token_file, *settings(deployment.cache_dir))
         with open(self.log, "w") as err:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=environment())
         self.lines: queue.Queue = queue.Queue()
@@ -115,6 +115,7 @@ class Deployment:
         self.ledger, self.cache_dir = pg_url, cache_dir
         self.params = "file://" + os.path.join(self.dir, "params")
         self.run = "deploy-" + uuid.uuid4().hex[:8]
+        self.token_file = os.path.join(self.dir, "controller.token")  # made by the first controller, kept
         self.controllers: list[Controller] = []
         self.workers: dict[str, subprocess.Popen] = {}
 
@@ -127,11 +128,12 @@ class Deployment:
         address = ",".join(f"127.0.0.1:{p}" for p in targets)
         # Step 2 takes 4 s longer (its lease is kept by heartbeats): after step 1 the run is
         # surely mid-way when the test replaces the controller, however fast the steps are.
-        slow = {"trainer": {"RLX_FAILPOINTS": "trainer.step@2:sleep=4"}}
+        slow = {"trainer": {"RLX_FAILPOINTS": "trainer.step@2:sleep=4", "RLX_TEST_FAILPOINTS": "1"}}
         for role in ROLES:
             with open(os.path.join(self.dir, f"{role}.log"), "w") as log:
                 self.workers[role] = subprocess.Popen(
-                    rlx_argv("worker", role, "--controller", address, "--worker-id", f"{role}-0"),
+                    rlx_argv("worker", role, "--controller", address, "--worker-id", f"{role}-0",
+                             "--token-file", self.token_file),
                     stdout=log, stderr=subprocess.STDOUT, env={**environment(), **slow.get(role, {})})
 
     def events(self) -> list:
@@ -282,7 +284,7 @@ def test_a_replacement_controller_leaves_a_put_in_flight_alone(tmp_path):
     with open_store(ledger, create=True) as store:
         ControllerLoop.create(store, run_id="run", config=config.to_dict(), config_digest=config.digest(), seed=1)
     killed = subprocess.run([sys.executable, "-c", PUT_IN_FLIGHT, params], capture_output=True, text=True,
-                            env={**environment(), "RLX_FAILPOINTS": "params.put@1"}, timeout=120)
+                            env={**environment(), "RLX_FAILPOINTS": "params.put@1", "RLX_TEST_FAILPOINTS": "1"}, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     in_flight = ParamStore.open(params).unpublished()
     assert len(in_flight) == 1

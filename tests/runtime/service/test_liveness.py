@@ -18,7 +18,7 @@ from ledger import events as ev
 from ledger import open_store
 from tests.runtime import small_run
 
-TINY = [*small_run.TINY, "run.steps=3", "pretrain.eval_size=8"]
+TINY = [*small_run.TINY, "run.steps=3", "eval.size=8"]
 DEADLINE_S = 300
 
 
@@ -58,7 +58,7 @@ def test_processes_whose_generation_and_step_outlast_the_lease_keep_their_worker
     out = tmp_path / "run"
     slow = "inference.generate@2:sleep=3,trainer.step@2:sleep=3"
     summary = rlx_run(out, cache, 'workers.mode="processes"', "workers.lease_timeout_s=1.0",
-                      env={"RLX_FAILPOINTS": slow})
+                      env={"RLX_FAILPOINTS": slow, "RLX_TEST_FAILPOINTS": "1"})
     assert summary["final_digest"] == digest
     assert lost_workers(out) == []
     with open_store(str(out), readonly=True) as store:

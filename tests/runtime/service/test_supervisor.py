@@ -29,7 +29,7 @@ def test_a_worker_that_always_crashes_stops_the_run_with_one_line(tmp_path):
     out = tmp_path / "run"
     sets = [a for s in [*TINY, f'pretrain.cache_dir="{tmp_path / "warm"}"'] for a in ("--set", s)]
     proc = subprocess.run([sys.executable, "-m", "runtime.cli", "run", "--out", str(out), "--no-progress", *sets],
-                          env={**os.environ, "RLX_FAILPOINTS": "inference.generate@1"}, capture_output=True, text=True,
+                          env={**os.environ, "RLX_FAILPOINTS": "inference.generate@1", "RLX_TEST_FAILPOINTS": "1"}, capture_output=True, text=True,
                           timeout=DEADLINE_S)
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]

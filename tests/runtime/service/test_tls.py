@@ -7,6 +7,7 @@ import pytest
 
 from ledger import open_store
 from runtime.errors import UsageError
+from runtime.host import Front
 from runtime.service.client import ControllerClient, Disconnected
 from runtime.service.server import ControllerService, serve
 from tests.runtime.service.test_service import TOKEN, new_loop
@@ -20,8 +21,8 @@ def served():
 
     def start(host: str, security: ServerSecurity) -> int:
         loop = new_loop(open_store("memory://"))
-        s = serve(ControllerService(loop, config={"k": 1}, params_url="memory://params"), ListenAddress(host, 0),
-                  security)
+        s = serve(ControllerService(Front(loop, config={"k": 1}, params_url="memory://params")),
+                  ListenAddress(host, 0), security)
         running.append(s)
         return s.port
 

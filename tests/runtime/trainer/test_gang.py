@@ -139,7 +139,7 @@ def _run(out: str, overrides: list[str], *, devices: int = 1, failpoints: str | 
     argv = [sys.executable, "-m", "runtime.cli", "run", "--out", out, "--steps", "4", "--no-progress"]
     for o in [*TINY, "eval.every_steps=0", "trainer.mesh={fsdp=2}", *overrides]:
         argv += ["--set", o]
-    env = _env(devices, **({"RLX_FAILPOINTS": failpoints} if failpoints else {}))
+    env = _env(devices, **({"RLX_FAILPOINTS": failpoints, "RLX_TEST_FAILPOINTS": "1"} if failpoints else {}))
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -151,15 +151,14 @@ def _spawns(out: str) -> list[dict]:
         return []
 
 
-@pytest.mark.slow
-def test_a_gang_gives_the_bits_of_one_process_and_survives_losing_a_rank(tmp_path):
+@pytest.fixture(scope="module")
+def gang_runs(tmp_path_factory) -> dict:
     """``trainer.mesh={fsdp=2}``: one process with 2 devices (threads), and a gang of 2 processes
     whose rank 1 is killed while the gang is in its 3rd step (both ranks held there by a
-    failpoint): the gang is restarted whole and ends with the same final digest, which a replay
-    in one process with 2 devices reproduces; the audit is clean and the trainer's join records
-    the gang."""
-    warm = f'pretrain.cache_dir="{tmp_path / "warm"}"'
-    one, gang = str(tmp_path / "one"), str(tmp_path / "gang")
+    failpoint). The tests below check each outcome separately."""
+    tmp = tmp_path_factory.mktemp("gang")
+    warm = f'pretrain.cache_dir="{tmp / "warm"}"'
+    one, gang = str(tmp / "one"), str(tmp / "gang")
     proc = _run(one, [warm, 'workers.mode="threads"'], devices=2)
     assert proc.wait(600) == 0, proc.communicate()[1][-3000:]
 
@@ -172,28 +171,49 @@ def test_a_gang_gives_the_bits_of_one_process_and_survives_losing_a_rank(tmp_pat
     assert len(rank1) == 1
     os.kill(rank1[0]["pid"], signal.SIGKILL)
     assert proc.wait(600) == 0, proc.communicate()[1][-3000:]
+    return {"one": one, "gang": gang}
 
-    spawns = _spawns(gang)
+
+def _digest(out: str) -> str:
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)["final_digest"]
+
+
+@pytest.mark.slow
+def test_a_gang_that_lost_a_rank_is_restarted_whole_and_gives_the_bits_of_one_process(gang_runs):
+    spawns = _spawns(gang_runs["gang"])
     assert sorted((s["worker_id"], s["rank"]) for s in spawns) == [
         ("trainer-0.1", 0), ("trainer-0.1", 1), ("trainer-0.2", 0), ("trainer-0.2", 1)]  # restarted whole
-    digests = [json.load(open(os.path.join(d, "summary.json")))["final_digest"] for d in (one, gang)]
-    assert digests[0] == digests[1]
-    audit = subprocess.run([sys.executable, "-m", "runtime.cli", "audit", gang, "check"], cwd=ROOT, env=_env(),
-                           capture_output=True, text=True, timeout=300)
+    assert _digest(gang_runs["one"]) == _digest(gang_runs["gang"])
+
+
+@pytest.mark.slow
+def test_a_gang_run_audits_clean(gang_runs):
+    audit = subprocess.run([sys.executable, "-m", "runtime.cli", "audit", gang_runs["gang"], "check"], cwd=ROOT,
+                           env=_env(), capture_output=True, text=True, timeout=300)
     assert audit.returncode == 0 and "I1–I8 hold" in audit.stdout, audit.stdout + audit.stderr
+
+
+@pytest.mark.slow
+def test_a_gang_run_replays_in_one_process_with_its_device_count_and_is_refused_with_fewer(gang_runs):
+    gang = gang_runs["gang"]
     # the replay trains in one process with the gang's 2 devices: the same bits again
     replay = subprocess.run([sys.executable, "-m", "runtime.cli", "replay", gang, "--json"], cwd=ROOT, env=_env(2),
                             capture_output=True, text=True, timeout=600)
     assert replay.returncode == 0, replay.stderr[-2000:]
     report = json.loads(replay.stdout.strip().splitlines()[-1])
-    assert report["match"] and report["final_digest"] == digests[0]
+    assert report["match"] and report["final_digest"] == _digest(gang_runs["one"])
     assert "the run's trainer" not in replay.stderr  # 2 devices, as the gang had: no layout warning
     one_device = subprocess.run([sys.executable, "-m", "runtime.cli", "replay", gang], cwd=ROOT, env=_env(1),
                                 capture_output=True, text=True, timeout=600)
     assert one_device.returncode != 0
     assert "the run's trainer ran on 2 devices in 2 process(es); this replay has 1" in one_device.stderr
     assert "needs 2 devices" in one_device.stderr and "Traceback" not in one_device.stderr
-    with open_store(gang) as store:
+
+
+@pytest.mark.slow
+def test_a_gang_run_records_its_layout_and_only_rank_0_joins(gang_runs):
+    with open_store(gang_runs["gang"]) as store:
         events = [r.event for r in store.read("run")]
     assert events[0].config["workers"]["trainer_processes"] == 2
     assert events[0].fingerprint["trainer"] == {"processes": 2, "devices_per_process": 1, "mesh": "fsdp=2",

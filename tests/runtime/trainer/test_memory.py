@@ -27,7 +27,7 @@ from runtime.config import Config, ConfigError
 from runtime.errors import UsageError
 from runtime.model import ModelConfig, init_params, transformer
 from runtime.trainer import StepConfig, make_optimizer, score, train_step
-from runtime.trainer import step as step_module
+from runtime.trainer import optimizer as optimizer_module
 from tests.runtime.trainer.test_step import DELTAS, MODEL, TEMPERATURE, WIDTH, G, _batch, _params
 
 # One AdamW step from a fresh state with eps = 1 moves a parameter by -g/(|g| + 1) (test_step):
@@ -125,6 +125,7 @@ def _assert_equivalent(whole, bounded):
         np.testing.assert_allclose(b, a, rtol=0, atol=UPDATE_TOL, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_micro_batches_give_the_whole_batch_loss_and_gradient(name):
     whole = _results()[f"whole/{name}"]
@@ -196,6 +197,7 @@ def test_bfloat16_compute_keeps_float32_master_weights_and_optimizer_state():
     assert float(metrics["loss"]) != float(want["loss"])  # it did compute in bfloat16
 
 
+@pytest.mark.slow
 def test_micro_batches_bound_the_step_memory():
     """XLA's own accounting of the compiled step: its temporary memory with micro-batches does
     not grow with the batch, while the one-pass step holds the whole batch's logits."""
@@ -234,12 +236,13 @@ def test_tied_embeddings_take_the_head_and_the_lookup_gradient():
     _assert_equivalent(_results()["tied/whole"], _results()["tied/bounded"])
 
 
+@pytest.mark.slow
 def test_the_leaf_by_leaf_update_is_the_optax_chain(monkeypatch):
-    """The micro-batched step's optimizer (``step._update_leaf_by_leaf``, large leaves in blocks
+    """The micro-batched step's optimizer (``optimizer.update_leaf_by_leaf``, large leaves in blocks
     of rows) against ``make_optimizer``'s optax chain: clipping active, weight decay, warmup,
     a second step from a non-zero state; blocks of 64 bytes make every matrix go row block by
     row block."""
-    monkeypatch.setattr(step_module, "UPDATE_BLOCK_BYTES", 64)
+    monkeypatch.setattr(optimizer_module, "UPDATE_BLOCK_BYTES", 64)
     config = dataclasses.replace(_config("grpo"), learning_rate=0.1, adam_eps=1e-8,
                                  max_grad_norm=0.5, weight_decay=0.1, warmup_steps=3)
     params = _params()
@@ -253,7 +256,7 @@ def test_the_leaf_by_leaf_update_is_the_optax_chain(monkeypatch):
         updates, want_state = tx.update(grads, state, params)
     want = optax.apply_updates(params, updates)
     assert optax.tree.norm(grads) > 10 * config.max_grad_norm  # the clip acts
-    update = jax.jit(functools.partial(step_module._update_leaf_by_leaf, config=config))
+    update = jax.jit(functools.partial(optimizer_module.update_leaf_by_leaf, config=config.optimizer))
     got, got_state = update(grads, state, params)
     assert jax.tree.structure(got_state) == jax.tree.structure(want_state)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path((want, want_state)),

@@ -132,41 +132,58 @@ def test_the_rules_place_every_parameter_and_the_sharded_step_matches_the_unshar
         assert r["again"]  # the same mesh, the same bits
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("devices, mesh", [(2, {"fsdp": 2}), (4, {"data": 2, "model": 2})])
-def test_a_run_on_a_mesh_survives_a_kill_and_replays_bit_exactly(tmp_path, devices, mesh):
-    """Two CPU devices with ``trainer.mesh={fsdp=2}``, four with ``{data=2,model=2}``: a run
-    killed in its second train step and resumed ends with the uninterrupted run's digest, which
-    replays bit-exactly, and ``RunStarted`` records the mesh and the device count."""
+@pytest.fixture(scope="module", params=[(2, {"fsdp": 2}), (4, {"data": 2, "model": 2})], ids=["2-fsdp", "4-data-model"])
+def mesh_runs(request, tmp_path_factory) -> dict:
+    """Two CPU devices with ``trainer.mesh={fsdp=2}``, four with ``{data=2,model=2}``: an
+    uninterrupted run of 4 steps, and one killed in its second train step and resumed. The tests
+    below check each outcome separately."""
+    devices, mesh = request.param
+    tmp = tmp_path_factory.mktemp(f"mesh{devices}")
     table = "{" + ",".join(f"{axis}={n}" for axis, n in mesh.items()) + "}"
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
     def rlx(*argv, failpoint=None):
-        proc = subprocess.run([sys.executable, "-m", "runtime.cli", *argv], cwd=ROOT, capture_output=True, text=True,
-                              env={**env, **({"RLX_FAILPOINTS": failpoint} if failpoint else {})}, timeout=600)
-        return proc
+        return subprocess.run([sys.executable, "-m", "runtime.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+                              env={**env, **({"RLX_FAILPOINTS": failpoint, "RLX_TEST_FAILPOINTS": "1"} if failpoint else {})}, timeout=600)
 
     def start(out, failpoint=None):
         argv = ["run", "--out", out, "--steps", "4", "--no-progress"]
         for o in [*TINY, "workers.mode=threads", "eval.every_steps=0", f"trainer.mesh={table}",
-                  f'pretrain.cache_dir="{tmp_path / "warm"}"']:
+                  f'pretrain.cache_dir="{tmp / "warm"}"']:
             argv += ["--set", o]
         return rlx(*argv, failpoint=failpoint)
 
-    ref, killed = str(tmp_path / "ref"), str(tmp_path / "killed")
-    assert start(ref).returncode == 0
-    proc = start(killed, failpoint="trainer.step@2")
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    proc = rlx("resume", killed, "--no-progress")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    digests = [json.load(open(os.path.join(d, "summary.json")))["final_digest"] for d in (ref, killed)]
+    ref, killed = str(tmp / "ref"), str(tmp / "killed")
+    first = start(ref)
+    assert first.returncode == 0, first.stderr[-2000:]
+    kill = start(killed, failpoint="trainer.step@2")
+    resumed = rlx("resume", killed, "--no-progress") if kill.returncode == -signal.SIGKILL else None
+    return {"devices": devices, "mesh": mesh, "ref": ref, "killed": killed, "kill": kill, "resumed": resumed,
+            "rlx": rlx}
+
+
+@pytest.mark.slow
+def test_a_run_on_a_mesh_killed_in_a_step_and_resumed_ends_with_the_uninterrupted_digest(mesh_runs):
+    kill, resumed = mesh_runs["kill"], mesh_runs["resumed"]
+    assert kill.returncode == -signal.SIGKILL, kill.stderr[-2000:]
+    assert resumed is not None and resumed.returncode == 0, resumed.stderr[-2000:]
+    digests = [json.load(open(os.path.join(mesh_runs[d], "summary.json")))["final_digest"] for d in ("ref", "killed")]
     assert digests[0] == digests[1]
-    proc = rlx("replay", ref, "--json")
+
+
+@pytest.mark.slow
+def test_a_run_on_a_mesh_replays_bit_exactly(mesh_runs):
+    proc = mesh_runs["rlx"]("replay", mesh_runs["ref"], "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["match"] and report["versions_verified"] == 5 and report["final_digest"] == digests[0]
+    final = json.load(open(os.path.join(mesh_runs["ref"], "summary.json")))["final_digest"]
+    assert report["match"] and report["versions_verified"] == 5 and report["final_digest"] == final
     assert not report["fingerprint_differs"]
-    with open_store(ref) as store:
+
+
+@pytest.mark.slow
+def test_a_run_on_a_mesh_records_its_mesh_and_device_count(mesh_runs):
+    with open_store(mesh_runs["ref"]) as store:
         first = next(iter(store.read("run"))).event
-    assert first.config["trainer"]["mesh"] == mesh and first.fingerprint["devices"] == devices
+    assert first.config["trainer"]["mesh"] == mesh_runs["mesh"] and first.fingerprint["devices"] == mesh_runs["devices"]

@@ -46,6 +46,7 @@ def test_a_config_logged_before_the_option_recomputes():
     assert step_config(load_config(None, []), model).old_logprobs == "behaviour"
 
 
+@pytest.mark.slow
 def test_with_the_engines_log_probs_only_on_policy_rows_measure_the_mismatch():
     params = _params()
     samples = [Sample(np.int32(PROMPTS[i // G]), np.int32(c), np.float32(-1.0 - 0.1 * np.arange(len(c))), r, 0)

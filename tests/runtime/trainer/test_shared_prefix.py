@@ -41,6 +41,7 @@ def _samples():
             for i, (c, r) in enumerate(zip(COMPLETIONS, REWARDS, strict=True))]
 
 
+@pytest.mark.slow
 def test_attention_over_a_shared_prefix_is_dense_attention_over_the_whole_row():
     M, P, T, H, K, D = 2, 3, 4, 4, 2, 8
     keys = jax.random.split(jax.random.key(0), 6)
@@ -70,6 +71,7 @@ def test_attention_over_a_shared_prefix_is_dense_attention_over_the_whole_row():
         shared_prefix_attention(q[:5], k_pre, v_pre, k_own[:5], v_own[:5], mask_own[:5], scale=1.0)
 
 
+@pytest.mark.slow
 def test_the_shared_prefix_forward_gives_the_full_forward_on_real_tokens():
     params = init_params(MODEL, key=jax.random.key(1))
     batch = pack(_samples(), group_size=G, width=WIDTH, pad_id=0)
@@ -98,6 +100,7 @@ def test_the_prefix_is_the_shortest_prompt_and_a_power_of_two_past_the_exact_ran
     assert shared_prefix(mixed, G) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["grpo", "kl_grpo"])
 def test_a_train_step_on_the_shared_prefix_equals_the_full_step(objective):
     obj = configure("grpo", kl_coef=0.05) if objective == "kl_grpo" else configure("grpo")

@@ -140,6 +140,7 @@ def _check_against_reference(objective, current_B, use_jit):
     return metrics, logp_BS, logp_old_BS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_jit", [True, False], ids=["jit", "eager"])
 def test_reinforce_matches_the_reference(use_jit):
     current_B = np.ones(len(ROWS), bool)
@@ -147,6 +148,7 @@ def test_reinforce_matches_the_reference(use_jit):
     assert float(metrics["reward_mean"]) == pytest.approx(np.mean([r for *_, r in ROWS]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("current", ["on_policy", "off_policy", "mixed"])
 def test_grpo_matches_the_reference(current, use_jit):

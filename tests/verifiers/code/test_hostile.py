@@ -216,6 +216,7 @@ def test_ignoring_sigterm_is_tle(verifier):
     assert outcome.verdict is Verdict.TLE
 
 
+@pytest.mark.slow
 def test_ignoring_sigxcpu_is_still_tle(verifier):
     program = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
     outcome = judge(verifier, program, limits=Limits(wall_s=10.0, cpu_s=1.0))

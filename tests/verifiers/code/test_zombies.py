@@ -7,6 +7,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 
+import pytest
+
 from verifiers.code import Limits
 
 RUNS = 2000
@@ -29,6 +31,7 @@ def zombie_children() -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_thousands_of_runs_leave_no_zombies(namespaces_sandbox):
     sandbox = namespaces_sandbox
     def one(_: int) -> int | None:
@@ -46,6 +49,7 @@ def test_thousands_of_runs_leave_no_zombies(namespaces_sandbox):
     assert set(zombie_children()) - before == set()
 
 
+@pytest.mark.slow
 def test_killed_runs_leave_no_zombies(namespaces_sandbox):
     limits = Limits(wall_s=0.3)
     before = set(zombie_children())

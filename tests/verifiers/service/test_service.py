@@ -47,6 +47,7 @@ def test_code_outcomes_are_identical(stack, index):
     assert remote.to_dict()["tests"][0]["verdict"] == local.to_dict()["tests"][0]["verdict"]
 
 
+@pytest.mark.slow
 def test_code_batch_is_identical(stack):
     code, _, client, _ = stack
     remote = client.verify_code_batch(CODE_CASES)
