@@ -142,8 +142,17 @@ def _listing(root) -> list[str]:
                   if not f.endswith(("-wal", "-shm")))
 
 
-@pytest.mark.parametrize("argv, env, message", CASES, ids=[f"{c[0][:60]}{' ' + str(c[1]) if c[1] else ''}"
-                                                            for c in CASES])
+def _lanes(cases):
+    """Each command's first case in the fast lane, the rest marked slow (each case is a process)."""
+    seen: set[str] = set()
+    for argv, env, message in cases:
+        command = argv.split()[0]
+        marks = () if command not in seen else (pytest.mark.slow,)
+        seen.add(command)
+        yield pytest.param(argv, env, message, marks=marks, id=f"{argv[:60]}{' ' + str(env) if env else ''}")
+
+
+@pytest.mark.parametrize("argv, env, message", list(_lanes(CASES)))
 def test_a_careless_input_is_one_line_and_creates_nothing(place, argv, env, message):
     root, busy = place
     fill = {"tmp": str(root), "run": str(root / "run"), "busy": busy}

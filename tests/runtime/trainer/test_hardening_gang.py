@@ -132,6 +132,7 @@ def test_rank_0_refuses_a_socket_directory_others_can_enter_in_one_line(tmp_path
     assert not (open_dir / "c.sock").exists()  # no coordinator was served
 
 
+@pytest.mark.slow
 @as_root
 def test_another_users_register_task_aborts_a_gang_on_a_port_and_cannot_reach_one_on_a_private_socket():
     """The attack and the defence side by side: the same process of another user aborts both
