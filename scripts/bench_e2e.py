@@ -306,8 +306,11 @@ def recovery(tmp: str, overrides: list[str]) -> dict:
     import sqlite3
     import subprocess
 
+    from runtime import compile_cache
+
     env = dict(os.environ)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".jax_cache"))
+    env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(compile_cache.MAX_BYTES))  # as rlx bounds it
     out = os.path.join(tmp, "killed")
     db = os.path.join(out, "ledger.db")
     cli = [sys.executable, "-m", "runtime.cli"]

@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.config = os.path.abspath(args.config)
     if args.model is None:
-        from runtime.model.known_models import get_model
+        from runtime.known_models import get_model
 
         args.model = str(get_model("smollm2", log=lambda line: print(line, file=sys.stderr)))
     args.model = os.path.abspath(args.model)

@@ -110,10 +110,14 @@ def child_env() -> dict[str, str]:
     ``COMPILE_CACHE`` every compiled XLA program kept in a persistent cache (``$JAX_COMPILATION_CACHE_DIR``,
     default ``.jax_cache`` of the checkout, as the tests and ``bench_e2e.py`` do), so a replacement
     worker loads its programs instead of compiling them again."""
+    from runtime import compile_cache
+
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     if COMPILE_CACHE:
         env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(REPO, ".jax_cache"))
+        # bounded as rlx bounds it (the test suite shares the directory; see tests/conftest.py)
+        env.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(compile_cache.MAX_BYTES))
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     else:
         env.pop("JAX_COMPILATION_CACHE_DIR", None)

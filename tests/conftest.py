@@ -10,12 +10,19 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, settings
 
+from runtime import compile_cache  # imports no JAX
+
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Compilations are cached across test processes and runs; tests use small shapes.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_ROOT / ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The size bound rlx's own processes give the cache (runtime.compile_cache): JAX keeps a bounded
+# cache's entries with their access times, and a bounded writer cannot write into a directory that
+# an unbounded one filled (its eviction looks for access times that are not there), so every
+# process of the suite, and each rlx process it starts, bounds it the same way.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(compile_cache.MAX_BYTES))
 
 # Strict numerics: the package's JAX code must say what it means. Rank promotion "raise" rejects a
 # broadcast between arrays of different ranks (a [B] vector meeting a [B, S] array lines up with

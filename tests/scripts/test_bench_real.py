@@ -23,7 +23,7 @@ SMALL = ("data.options.train_size=64", "data.options.eval_size=8", "eval.size=8"
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from runtime.model.known_models import get_model
+    from runtime.known_models import get_model
 
     pytest.importorskip("trl")
     try:
