@@ -30,9 +30,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from runtime import known_models as km  # noqa: E402
 from runtime.cli import main  # noqa: E402
 from runtime.errors import UsageError  # noqa: E402
-from runtime import known_models as km  # noqa: E402
 from runtime.model import load_hf  # noqa: E402
 from runtime.model.chat_template import ChatTemplate  # noqa: E402
 from runtime.model.gguf_import import import_gguf, unpermute_rotary  # noqa: E402
