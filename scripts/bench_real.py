@@ -189,6 +189,7 @@ def trl_child(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from runtime.model.hf_text import copy_text_files
     from runtime.session import make_task
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -237,8 +238,8 @@ def trl_child(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     trainer.train()
     seconds = time.monotonic() - t0
-    trainer.model.save_pretrained(args.trl_out, safe_serialization=True)
-    tokenizer.save_pretrained(args.trl_out)
+    trainer.save_model(args.trl_out)  # the weights (safetensors)
+    copy_text_files(args.model, args.trl_out)  # training changed no tokenizer, template or generation file
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     print(json.dumps({"steps": trainer.state.global_step, "seconds": seconds, "reward_curve": rewards}))
     return 0
