@@ -280,8 +280,11 @@ def test_the_worker_loop_runs_the_run_to_the_end_and_its_batches_do_not_depend_o
         return ([e for e in events if type(e) is ev.BatchFormed], [e for e in events if type(e) is ev.WeightsPublished])
 
     assert decided(h.store) == decided(direct)  # deterministic mode: timing and runner change nothing that decides
-    joined = [e for e in (s.event for s in h.store.read("r")) if type(e) is ev.WorkerJoined]
-    assert sorted(e.worker_id for e in joined) == ["inference-0", "inference-1", "trainer-0", "verifier-0"]
+    joined = sorted(e.worker_id for e in (s.event for s in h.store.read("r")) if type(e) is ev.WorkerJoined)
+    # Each worker joins once under its own id; on a busy machine the run can end before the second
+    # inference worker's first call, so that one may be missing.
+    assert joined in (["inference-0", "inference-1", "trainer-0", "verifier-0"], ["inference-0", "trainer-0", "verifier-0"],
+                      ["inference-1", "trainer-0", "verifier-0"]), joined
 
 
 def _direct_loop(store) -> ControllerLoop:
