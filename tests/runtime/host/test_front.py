@@ -18,85 +18,31 @@ import pytest
 
 from ledger import events as ev
 from ledger import open_store
-from ledger.codec import encode_event
 from runtime.config import load_config
 from runtime.controller import ControllerLoop
 from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier, run_to_end
 from runtime.controller.workers import INFERENCE, TRAINER, VERIFIER, InitTask
-from runtime.errors import RlxError
-from runtime.host import Front, Standing, ThreadRunner, run_worker
+from runtime.host import Standing, ThreadRunner, run_worker
 from runtime.host.roles import Role
-from runtime.host.threads import ThreadPort
 from runtime.host.worker import Backoff
 from runtime.service.client import ControllerClient
-from runtime.service.server import ControllerService, serve
-from verifiers.service.security import ListenAddress
+from tests.runtime.host.hosting import Clock, Hosted, hosts, refusal
 
 LEASE_TIMEOUT_S = 5.0
 OVERRIDES = ["run.steps=3", "sampling.group_size=2", "scheduling.groups_per_batch=2"]
 RUNNERS = ("threads", "processes")
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-class Hosted:
-    """A fresh controller, its front, and a port of one runner's kind to it."""
-
-    def __init__(self, runner: str, params=None):
-        config = load_config(None, OVERRIDES, data_size=8)
-        self.store, self.clock = open_store("memory://"), Clock()
-        self.loop = ControllerLoop.create(self.store, run_id="r", config=config.to_dict(),
-                                          config_digest=config.digest(), seed=1, clock=self.clock,
-                                          lease_timeout_s=LEASE_TIMEOUT_S)
-        self.params = params
-        self.front = Front(self.loop, config={"k": 1}, params_url="memory://params", params=params)
-        self.served = None
-        self.port = ThreadPort(self.front)
-        if runner == "processes":
-            self.served = serve(ControllerService(self.front), ListenAddress("127.0.0.1", 0))
-            self.port = ControllerClient([f"127.0.0.1:{self.served.port}"])
-
-    def ledger(self) -> list[tuple]:
-        return [encode_event(s.event) for s in self.store.read("r")]
-
-    def close(self):
-        if self.served is not None:
-            self.port.close()
-            self.served.stop(0)
-
-
 @pytest.fixture
 def hosted():
-    made = []
-
-    def make(runner: str, params=None) -> Hosted:
-        made.append(Hosted(runner, params))
-        return made[-1]
-
-    yield make
-    for h in made:
-        h.close()
+    with hosts(OVERRIDES, lease_timeout_s=LEASE_TIMEOUT_S, front_config={"k": 1}) as make:
+        yield make
 
 
 def floats(e: ev.Event) -> ev.Event:
     if type(e) is ev.TrainStepCompleted:
         return dataclasses.replace(e, metrics={k: float(v) for k, v in e.metrics.items()})
     return e
-
-
-def refusal(call) -> str:
-    """The one-line reason a call was refused, as the port gives it ("" if it was not)."""
-    try:
-        call()
-    except RlxError as e:
-        return str(e).rsplit("INVALID_ARGUMENT: ", 1)[-1]
-    return ""
 
 
 def publish_v0(port, params=None) -> None:

@@ -27,12 +27,9 @@ from runtime.controller import ControllerLoop
 from runtime.controller.invariants import check
 from runtime.controller.simulation import SimInference, SimTrainer, SimVerifier
 from runtime.controller.workers import INFERENCE, TRAINER, VERIFIER, InitTask, TrainTask
-from runtime.errors import RlxError
-from runtime.host import Front, admission
-from runtime.host.threads import ThreadPort
-from runtime.service.client import ControllerClient
-from runtime.service.server import ControllerService, serve
-from verifiers.service.security import ListenAddress
+from runtime.host import admission
+from tests.runtime.host import hosting
+from tests.runtime.host.hosting import refusal
 
 VOCAB = 63  # the built-in character tokenizer's
 MAX_TOKENS = 4
@@ -40,59 +37,10 @@ OVERRIDES = ["run.steps=2", "sampling.group_size=2", "scheduling.groups_per_batc
              f"sampling.max_tokens={MAX_TOKENS}"]
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-class Hosted:
-    """A fresh controller behind a front with the run's bounds, and a port of one runner's kind."""
-
-    def __init__(self, runner: str):
-        self.config = load_config(None, OVERRIDES, data_size=8)
-        self.store, self.clock = open_store("memory://"), Clock()
-        self.loop = ControllerLoop.create(self.store, run_id="r", config=self.config.to_dict(),
-                                          config_digest=self.config.digest(), seed=1, clock=self.clock)
-        self.front = Front(self.loop, config=self.config.to_dict(), params_url="memory://params",
-                           bounds=admission.bounds(self.config))
-        self.served = None
-        self.port = ThreadPort(self.front)
-        if runner == "grpc":
-            self.served = serve(ControllerService(self.front), ListenAddress("127.0.0.1", 0))
-            self.port = ControllerClient([f"127.0.0.1:{self.served.port}"])
-
-    def head(self) -> int:
-        return self.store.head("r").seq
-
-    def close(self):
-        if self.served is not None:
-            self.port.close()
-            self.served.stop(0)
-
-
 @pytest.fixture
 def hosted():
-    made = []
-
-    def make(runner: str) -> Hosted:
-        made.append(Hosted(runner))
-        return made[-1]
-
-    yield make
-    for h in made:
-        h.close()
-
-
-def refusal(call) -> str:
-    """The one-line reason a call was refused, as the port gives it ("" if it was not)."""
-    try:
-        call()
-    except RlxError as e:
-        return str(e).rsplit("INVALID_ARGUMENT: ", 1)[-1]
-    return ""
+    with hosting.hosts(OVERRIDES, bounded=True) as make:
+        yield make
 
 
 def completion(lease, tokens, logprobs=None, finish="stop", worker="a") -> ev.RolloutCompleted:
@@ -112,7 +60,7 @@ def start(port) -> None:
     assert [v.accepted for v in port.submit("t", [published]).verdicts] == [True]
 
 
-def values_scenario(h: Hosted) -> list:
+def values_scenario(h: hosting.Hosted) -> list:
     port = h.port
     start(port)
     leases = port.poll("a", wait_s=0).leases
@@ -255,7 +203,7 @@ def test_only_the_worker_the_step_was_handed_to_publishes_it(hosted):
 
 
 def test_a_step_not_handed_out_is_rejected_by_the_loop():
-    h = Hosted("threads")
+    h = hosting.Hosted("threads", OVERRIDES, bounded=True)
     task = to_step_one(h.port)
     result = trained(task)
     verdicts = h.loop.publish(result, worker_id="intruder")
@@ -435,7 +383,7 @@ def test_audit_check_names_a_poisoned_ledger(tmp_path, capsys):
 
 def test_audit_check_names_a_lone_step():
     """A step completed without its weights, as a token holder could append one before the fix."""
-    h = Hosted("threads")
+    h = hosting.Hosted("threads", OVERRIDES, bounded=True)
     task = to_step_one(h.port)
     step, _ = trained(task)
     assert [v.accepted for v in h.loop.submit([step])] == [True]
