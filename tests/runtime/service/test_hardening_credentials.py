@@ -22,7 +22,6 @@ from ledger import events as ev
 from ledger import open_store
 from runtime._generated import rlx_controller_pb2 as pb
 from runtime._generated import rlx_controller_pb2_grpc as pb_grpc
-from runtime.config import load_config
 from runtime.controller import ControllerLoop
 from runtime.controller.simulation import SimInference, SimTrainer
 from runtime.controller.workers import INFERENCE, TRAINER, InitTask
@@ -30,40 +29,27 @@ from runtime.errors import UsageError
 from runtime.host import Busy, Front, Refused, Standing, ThreadPort, WrongSecret
 from runtime.host.front import JOIN_BURST, JOINS_PER_S, MAX_INFO_DEPTH, POLLS_PER_WORKER
 from runtime.service.client import ControllerClient
-from runtime.service.server import RECEIVE_BYTES, ControllerService, serve
+from runtime.service.server import RECEIVE_BYTES
+from tests.runtime.service.test_service import Served as ServedLoop
+from tests.runtime.service.test_service import new_loop
 from verifiers.service.security import ListenAddress, ServerSecurity
 
 OVERRIDES = ["run.steps=3", "sampling.group_size=2", "scheduling.groups_per_batch=2"]
 
 
-def new_loop(store) -> ControllerLoop:
-    config = load_config(None, OVERRIDES, data_size=8)
-    return ControllerLoop.create(store, run_id="r", config=config.to_dict(), config_digest=config.digest(), seed=1,
-                                 lease_timeout_s=60.0)
-
-
-class Served:
+class Served(ServedLoop):
     """A controller on loopback, an honest client of it and an attacker's (no secrets)."""
 
     def __init__(self, threads: int = 256):
-        self.store = open_store("memory://")
-        self.loop = new_loop(self.store)
-        self.front = Front(self.loop, config={"k": 1}, params_url="memory://params")
-        self.served = serve(ControllerService(self.front), ListenAddress("127.0.0.1", 0), threads=threads)
-        self.target = f"127.0.0.1:{self.served.port}"
-        self.client = ControllerClient([self.target])
+        super().__init__(threads=threads, lease_timeout_s=60.0)
         self.attacker = ControllerClient([self.target])
-        self.channel = grpc.insecure_channel(self.target)
-        self.stub = pb_grpc.ControllerStub(self.channel)
 
     def events(self) -> list[ev.Event]:
         return [s.event for s in self.store.read("r")]
 
     def close(self) -> None:
-        self.client.close()
         self.attacker.close()
-        self.channel.close()
-        self.served.stop(0)
+        super().close()
 
 
 @pytest.fixture
@@ -241,6 +227,8 @@ from runtime.config import load_config
 from runtime.controller import ControllerLoop
 from runtime.host import Front
 from runtime.service.server import ControllerService, serve
+from tests.runtime.service.test_service import Served as ServedLoop
+from tests.runtime.service.test_service import new_loop
 from verifiers.service.security import ListenAddress, ServerSecurity
 
 config = load_config(None, {OVERRIDES!r}, data_size=8)
@@ -309,7 +297,7 @@ def test_a_deeply_nested_info_is_invalid_argument_in_one_line(svc, depth):
 
 
 def test_a_threads_info_is_bounded_like_a_processes():
-    front = Front(new_loop(open_store("memory://")), config={}, params_url="memory://p")
+    front = Front(new_loop(open_store("memory://"), lease_timeout_s=60.0), config={}, params_url="memory://p")
     info: dict = {}
     for _ in range(2000):
         info = {"a": info}

@@ -34,7 +34,7 @@ from runtime.errors import UsageError
 from runtime.host import Front
 from runtime.service import wire
 from runtime.service.client import ControllerClient
-from runtime.service.server import ControllerService, serve
+from runtime.service.server import MAX_THREADS, ControllerService, serve
 from verifiers.errors import ConfigError
 from verifiers.service.security import ListenAddress, ServerSecurity
 
@@ -53,20 +53,22 @@ class Clock:
         return self.now
 
 
-def new_loop(store, clock=None) -> ControllerLoop:
+def new_loop(store, clock=None, lease_timeout_s: float = LEASE_TIMEOUT_S) -> ControllerLoop:
     config = load_config(None, OVERRIDES, data_size=8)
     return ControllerLoop.create(store, run_id="r", config=config.to_dict(), config_digest=config.digest(), seed=1,
-                                 clock=clock or Clock(), lease_timeout_s=LEASE_TIMEOUT_S)
+                                 clock=clock or Clock(), lease_timeout_s=lease_timeout_s)
 
 
 class Served:
-    """A loop served on loopback, a client and a raw stub to it."""
+    """A loop served on loopback (with ``threads`` handler threads), a client and a raw stub to it."""
 
-    def __init__(self, security: ServerSecurity = ServerSecurity(), host: str = "127.0.0.1", token: str | None = None):
+    def __init__(self, security: ServerSecurity = ServerSecurity(), host: str = "127.0.0.1", token: str | None = None,
+                 *, threads: int = MAX_THREADS, lease_timeout_s: float = LEASE_TIMEOUT_S):
         self.store, self.clock = open_store("memory://"), Clock()
-        self.loop = new_loop(self.store, self.clock)
-        self.service = ControllerService(Front(self.loop, config={"k": 1}, params_url="memory://params"))
-        self.served = serve(self.service, ListenAddress(host, 0), security)
+        self.loop = new_loop(self.store, self.clock, lease_timeout_s)
+        self.front = Front(self.loop, config={"k": 1}, params_url="memory://params")
+        self.service = ControllerService(self.front)
+        self.served = serve(self.service, ListenAddress(host, 0), security, threads=threads)
         self.target = f"127.0.0.1:{self.served.port}"
         self.client = ControllerClient([self.target], token=token)
         self.channel = grpc.insecure_channel(self.target)
