@@ -117,7 +117,7 @@ def rlx_run(config: str, out: str, overrides: Sequence[str], *, timeout_s: float
             summary = chaos.finish(proc, out, time.monotonic() + timeout_s)
     finally:
         if proc.poll() is None:
-            chaos._kill_group(proc)
+            chaos.kill_group(proc)
     return summary, {k: round(v, 1) for k, v in sorted(rss.peak_mib.items())}
 
 
@@ -159,17 +159,8 @@ def kill_run(config: str, out: str, overrides: Sequence[str], *, seed: int, log=
         chaos.finish(proc, out, deadline)
     finally:
         if proc.poll() is None:
-            chaos._kill_group(proc)
+            chaos.kill_group(proc)
     return kills
-
-
-def rlx_ok(*args: str, timeout_s: float = RUN_TIMEOUT_S) -> tuple[bool, float, str]:
-    """(exit status 0, seconds, the last lines of output) of an ``rlx`` command."""
-    t = time.monotonic()
-    done = subprocess.run(chaos.rlx(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          env=chaos.child_env(), timeout=timeout_s)
-    tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-    return done.returncode == 0, time.monotonic() - t, tail
 
 
 # --- TRL side by side -------------------------------------------------------------------------
@@ -256,10 +247,10 @@ def trl_run(args: argparse.Namespace, seconds: float, out: str, *, log=print) ->
         try:
             proc.wait(seconds + 3600.0)
         except subprocess.TimeoutExpired:
-            chaos._kill_group(proc)
+            chaos.kill_group(proc)
             raise RuntimeError(f"TRL did not finish; its output: {out}.log") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"TRL exited with {proc.returncode}: {chaos._tail(out + '.log')}")
+        raise RuntimeError(f"TRL exited with {proc.returncode}: {chaos.log_tail(out + '.log')}")
     with open(out + ".log", encoding="utf-8", errors="replace") as f:
         line = [x for x in f.read().splitlines() if x.startswith("{")][-1]
     return json.loads(line)
@@ -331,10 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              "tokens_per_s", "train_step_s", "peak_rss_mib")}))
 
     if not args.skip_replay:
-        ok, seconds, tail = rlx_ok("replay", out)
+        ok, seconds, tail = chaos.run_rlx("replay", out, timeout_s=RUN_TIMEOUT_S)
         result["replay_exact"], result["replay_s"] = ok, round(seconds, 1)
         print(f"rlx replay: {'bit-exact' if ok else 'FAILED'} in {seconds:.0f} s ({tail})")
-        ok, _, tail = rlx_ok("audit", out, "check")
+        ok, _, tail = chaos.run_rlx("audit", out, "check", timeout_s=RUN_TIMEOUT_S)
         result["audit_ok"] = ok
         print(f"rlx audit check: {'clean' if ok else 'FAILED'} ({tail})")
 

@@ -141,15 +141,15 @@ def finish(proc: subprocess.Popen, out: str, deadline: float) -> dict:
     try:
         proc.wait(max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         raise RuntimeError(f"rlx run {out} did not finish in time (a hang?); its output: {out}.log") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"rlx run {out} exited with {proc.returncode}: {_tail(out + '.log')}")
+        raise RuntimeError(f"rlx run {out} exited with {proc.returncode}: {log_tail(out + '.log')}")
     with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
         return json.load(f)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -157,7 +157,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _tail(path: str, lines: int = 5) -> str:
+def log_tail(path: str, lines: int = 5) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return " | ".join(line.strip() for line in f.read().splitlines()[-lines:])
@@ -311,7 +311,7 @@ def run_with_kills(config: str, out: str, *, kills: int, seed: int, overrides: S
         summary = finish(proc, out, deadline)
     finally:
         if proc.poll() is None:
-            _kill_group(proc)
+            kill_group(proc)
     for k in done:  # a replacement may have delivered after the loop stopped looking
         if k.recovered_t is None:
             recovered(k, read_journal(out))
@@ -372,10 +372,17 @@ def ledger_violations(target: str, run_id: str | None = None) -> list[str]:
     return bad
 
 
+def run_rlx(*args: str, timeout_s: float = 600.0) -> tuple[bool, float, str]:
+    """(exit status 0, seconds, the last lines of output) of an ``rlx`` command."""
+    t = time.monotonic()
+    done = subprocess.run(rlx(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                          env=child_env(), timeout=timeout_s)
+    tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+    return done.returncode == 0, time.monotonic() - t, tail
+
+
 def _rlx_ok(*args: str, timeout_s: float = 600.0) -> bool:
-    done = subprocess.run(rlx(*args), stdin=subprocess.DEVNULL, capture_output=True, env=child_env(),
-                          timeout=timeout_s)
-    return done.returncode == 0
+    return run_rlx(*args, timeout_s=timeout_s)[0]
 
 
 def audit_ok(run_dir: str) -> bool:
@@ -509,9 +516,9 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
             if p.poll() == 0 and any("final_digest" in line for line in _json_lines(log_path)):
                 return None
             if p.poll() is not None:
-                raise RuntimeError(f"rlx controller exited with {p.returncode}: {_tail(log_path)}")
+                raise RuntimeError(f"rlx controller exited with {p.returncode}: {log_tail(log_path)}")
             time.sleep(0.05)
-        raise RuntimeError(f"rlx controller did not listen in time: {_tail(log_path)}")
+        raise RuntimeError(f"rlx controller did not listen in time: {log_tail(log_path)}")
 
     workers = []
     done: list[Kill] = []
@@ -530,7 +537,7 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
         while epoch is not None and len(done) < kills:
             while not tail.submitted(epoch):
                 if ctrl.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the controller stopped before serving its workers: {_tail(ctrl_log)}")
+                    raise RuntimeError(f"the controller stopped before serving its workers: {log_tail(ctrl_log)}")
                 time.sleep(0.05)
             time.sleep(rng.uniform(0.0, max_wait_s))
             if ctrl.poll() is not None or tail.finished():
@@ -545,9 +552,9 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
         try:
             ctrl.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the controller deployment did not finish in time: {_tail(ctrl_log)}") from None
+            raise RuntimeError(f"the controller deployment did not finish in time: {log_tail(ctrl_log)}") from None
         if ctrl.returncode != 0:
-            raise RuntimeError(f"rlx controller exited with {ctrl.returncode}: {_tail(ctrl_log)}")
+            raise RuntimeError(f"rlx controller exited with {ctrl.returncode}: {log_tail(ctrl_log)}")
         final = [line for line in _json_lines(ctrl_log) if "final_digest" in line][-1]
         for w in workers:
             w.wait(max(1.0, deadline - time.monotonic()))
@@ -556,7 +563,7 @@ def deploy_with_kills(url: str, config: str, workdir: str, *, kills: int, rng: r
     finally:
         for p in [c for c, _ in controllers] + workers:
             if p.poll() is None:
-                _kill_group(p)
+                kill_group(p)
 
 
 def _controller_recoveries(url: str, run_id: str, kills: Sequence[Kill]) -> None:
