@@ -396,6 +396,15 @@ class TrainerConfig(Section):
     actually sampled, engine numerics included). Unset, a new run resolves it to ``"behaviour"``
     for a float32 model, whose engine and trainer agree to float32 rounding, and to
     ``"recompute"`` otherwise; a run logged before it existed reads as ``"recompute"``.
+    ``completion_logits``: the whole-batch step computes the LM head and the log-probs only at the
+    ``sampling.max_tokens`` positions where each row's completion can be
+    (``runtime.trainer.step``'s ``completion_window``), not at prompt positions whose log-probs no
+    objective reads; the same values up to float32 rounding. Unset, a new run resolves it like
+    ``shared_prefix``, and a run logged before it existed reads as false. ``prefix_per_octave``:
+    the shared prefix is the batch's shortest prompt rounded down to one of this many lengths per
+    octave (a power of two from 1 to 64; more: less of the prompt computed per row, more lengths to
+    compile the step for); unset, a new run resolves it to 8, and a run logged before it existed
+    reads as 1 (a power of two).
     ``mesh``: ``{data=…, fsdp=…, model=…}`` lays the step out on a device mesh of that shape (axes
     left out are 1; ``runtime.trainer.mesh``); empty, the step runs on one device.
     ``deterministic_reduction``: on a mesh, sum the gradient over the row shards in a fixed order
@@ -413,6 +422,8 @@ class TrainerConfig(Section):
     remat: bool = False
     shared_prefix: bool | None = None
     old_logprobs: str | None = None
+    completion_logits: bool | None = None
+    prefix_per_octave: int | None = None
     mesh: dict = dataclasses.field(default_factory=dict)
     deterministic_reduction: bool = False
 
@@ -426,8 +437,15 @@ class TrainerConfig(Section):
             raise _fail("trainer.shared_prefix", self.shared_prefix,
                         "it works on the whole-batch step only: false, or unset with micro_batch_size, "
                         "logits_chunk or remat")
+        if self.completion_logits and self.bounded:
+            raise _fail("trainer.completion_logits", self.completion_logits,
+                        "it works on the whole-batch step only: false, or unset with micro_batch_size, "
+                        "logits_chunk or remat")
         if self.old_logprobs is not None:
             self._choice("old_logprobs", OLD_LOGPROBS)
+        octave = self.prefix_per_octave
+        if octave is not None and not (1 <= octave <= 64 and octave & (octave - 1) == 0):
+            raise _fail("trainer.prefix_per_octave", octave, "it must be a power of two from 1 to 64")
         try:
             shape = MeshShape.of(self.mesh)
         except (TypeError, ValueError) as e:
@@ -743,7 +761,7 @@ class Config:
         ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size``,
         ``data.chat_template_digest`` and ``data.task_version`` when given, ``params.keep_newest`` at least
         ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, ``trainer.shared_prefix``,
-        ``trainer.old_logprobs`` and ``workers.attention``."""
+        ``trainer.completion_logits``, ``trainer.prefix_per_octave``, ``trainer.old_logprobs`` and ``workers.attention``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
@@ -765,6 +783,10 @@ class Config:
         trainer = self.trainer
         if trainer.shared_prefix is None:
             trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded)
+        if trainer.prefix_per_octave is None:
+            trainer = dataclasses.replace(trainer, prefix_per_octave=8)
+        if trainer.completion_logits is None:
+            trainer = dataclasses.replace(trainer, completion_logits=not trainer.bounded)
         if trainer.old_logprobs is None:
             trainer = dataclasses.replace(
                 trainer, old_logprobs="behaviour" if self.model.dtype == "float32" else "recompute"

@@ -309,11 +309,15 @@ def longest_prompt(config: Config, task, codec, positions: int) -> int:
 
 def step_config(config: Config, model):
     """The train step's static configuration for ``config`` and ``model``: its ``trainer``
-    section's (``StepConfig.of``), with the run's objective and sampling temperature and group size."""
+    section's (``StepConfig.of``), with the run's objective and sampling temperature and group size, and
+    a completion window of ``sampling.max_tokens`` positions with ``trainer.completion_logits``."""
     from runtime.trainer.step import StepConfig
 
-    return StepConfig.of(config.trainer, model=model.config, objective=config.objective(),
+    step = StepConfig.of(config.trainer, model=model.config, objective=config.objective(),
                          temperature=config.sampling.temperature, group_size=config.sampling.group_size)
+    if config.trainer.completion_logits:
+        step = dataclasses.replace(step, completion_window=config.max_tokens)
+    return step
 
 
 def trainer_mesh(config: Config):

@@ -18,6 +18,11 @@ depend on the other requests, the slot it runs in, when it is admitted, or wheth
 (``steps`` explains why). A preempted request is recomputed: its prompt is prefilled again at the
 same bucket, and the tokens it had generated are fed back through the same decode step, which
 rebuilds its cache bit for bit. The engine checks those bits as it replays.
+
+Requests admitted together with the same prompt (a group of samples of one prompt) are prefilled
+once: the others get copies of its prompt's pages and next-token logits (``steps.copy_prompts``),
+the bits their own prefill would have written, at the cost of a page copy instead of a forward
+pass over the prompt.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from runtime.inference import scheduler
 from runtime.inference.pages import PagePool, pages_for
 from runtime.inference.requests import Completion, GenerateStats, check_requests
 from runtime.inference.sampling import SamplingParams, finish_reason
-from runtime.inference.steps import decode_steps, prefill_into_slots
+from runtime.inference.steps import copy_prompts, decode_steps, prefill_into_slots
 from runtime.model import Model, init_cache
 
 BATCHING = ("continuous", "static")
@@ -232,10 +237,12 @@ class Engine:
         if whole is None:
             step = jax.jit(decode, donate_argnums=(1, 2))
             prefill = jax.jit(fill, donate_argnums=(5, 6))
+            copy = jax.jit(copy_prompts, donate_argnums=(0, 1))
         else:  # the outputs keep the inputs' layouts: each call's results are the next one's inputs
             kept = jax.tree.map(lambda x: x.sharding, cache)
             step = jax.jit(decode, donate_argnums=(1, 2), out_shardings=(kept, whole, whole, whole))
             prefill = jax.jit(fill, donate_argnums=(5, 6), out_shardings=(kept, whole))
+            copy = jax.jit(copy_prompts, donate_argnums=(0, 1), out_shardings=(kept, whole))
         self._step = step.lower(
             self._params_shape, cache, logits, i32(S, P), i32(S), i32(S), i32(S, N),
             jax.ShapeDtypeStruct((S, 2), jnp.uint32, sharding=whole), i32(S),
@@ -247,6 +254,7 @@ class Engine:
             ).compile()
             for T, R in self.prefill_rows.items()
         }
+        self._copy = copy.lower(cache, logits, i32(S, P), i32(S, P), i32(S), i32(S)).compile()
 
     def _reset_buffers(self) -> None:
         self._cache = init_cache(self.config, num_pages=self.num_pages, page_size=self.page_size)
@@ -318,15 +326,16 @@ class Engine:
         logprobs: list[list[np.float32]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         state = scheduler.Schedule.start(n, max_slots=self.max_slots, pool=self._empty_pool)
-        steps = calls = prefills = preemptions = replayed = allocated = cached = 0
+        steps = calls = prefills = copies = preemptions = replayed = allocated = cached = 0
         admissions = []
         while not state.done:
             state, decisions = scheduler.plan(state, lengths, static=static)
             preemptions += len(decisions.preempted)
-            self._prefill_requests(state, decisions.admitted, prompts)
+            copied = self._prefill_requests(state, decisions.admitted, prompts)
             for request, slot in decisions.admitted:
                 admissions.append((steps, request, slot))
-                prefills += 1
+            prefills += len(decisions.admitted) - copied
+            copies += copied
             state, takes = self._reserve(state, ends, static=static)
             num_steps = max(takes.values())
             inputs = self._step_inputs(state, takes, lengths, tokens, key_data, sampling)
@@ -369,7 +378,7 @@ class Engine:
             state = scheduler.advance(state, finished, takes)
         self.last_stats = GenerateStats(
             steps, prefills, preemptions, sum(map(len, tokens)), replayed, allocated, cached,
-            tuple(admissions), calls,
+            tuple(admissions), calls, copies,
         )
         ended = [r for r in reasons if r is not None]
         assert len(ended) == n  # the loop runs until every request has finished
@@ -400,12 +409,21 @@ class Engine:
                 return reserved, takes
             want //= 2
 
-    def _prefill_requests(self, state, admitted, prompts) -> None:
-        """Prefill the admitted requests, grouped by bucket, ``prefill_rows[bucket]`` per call."""
+    def _prefill_requests(self, state, admitted, prompts) -> int:
+        """Prefill the admitted requests, grouped by bucket, ``prefill_rows[bucket]`` per call; a
+        request whose prompt an earlier one of them has gets that one's prefill copied. Returns
+        how many were copied."""
         P, S = self.pages_per_seq, self.max_slots
         by_bucket: dict[int, list[tuple[int, int]]] = {}
+        first: dict[bytes, tuple[int, int]] = {}  # prompt -> the (request, slot) prefilled for it
+        copies: list[tuple[int, int, int, int]] = []  # (request, slot, source request, source slot)
         for request, slot in admitted:
-            bucket = next(b for b in self.buckets if b >= prompts[request].size)
+            prompt = prompts[request]
+            origin = first.setdefault(prompt.tobytes(), (request, slot))
+            if origin != (request, slot):
+                copies.append((request, slot, *origin))
+                continue
+            bucket = next(b for b in self.buckets if b >= prompt.size)
             by_bucket.setdefault(bucket, []).append((request, slot))
         for bucket, group in sorted(by_bucket.items()):
             R = self.prefill_rows[bucket]
@@ -421,6 +439,18 @@ class Engine:
                 self._cache, self._logits = self._prefill[bucket](
                     self._params, tokens, lengths, rows, slots, self._cache, self._logits
                 )
+        for lo in range(0, len(copies), S):
+            sources = np.zeros((S, P), np.int32)  # the null page onto itself where unused
+            targets = np.zeros((S, P), np.int32)
+            from_slots = np.full(S, S, np.int32)
+            to_slots = np.full(S, S, np.int32)
+            for i, (request, slot, source, source_slot) in enumerate(copies[lo : lo + S]):
+                held = pages_for(prompts[request].size, self.page_size)
+                sources[i, :held] = state.pool.table_row(source, P)[:held]
+                targets[i, :held] = state.pool.table_row(request, P)[:held]
+                from_slots[i], to_slots[i] = source_slot, slot
+            self._cache, self._logits = self._copy(self._cache, self._logits, sources, targets, from_slots, to_slots)
+        return len(copies)
 
     def _step_inputs(self, state, takes, lengths, tokens, key_data, sampling):
         S, P, N = self.max_slots, self.pages_per_seq, self.decode_steps

@@ -37,7 +37,7 @@ class GenerateStats:
 
     Attributes:
       steps: decode steps run.
-      prefills: prefills run (one per admission, readmissions included).
+      prefills: prompts prefilled (one per admission, readmissions included, less the copies).
       preemptions: requests preempted by recompute.
       generated_tokens: tokens returned.
       replayed_tokens: tokens fed again after a preemption.
@@ -45,6 +45,7 @@ class GenerateStats:
       cached_tokens: sum over steps of the tokens actually cached after the step.
       admissions: ``(step, request, slot)`` of every admission, in order.
       decode_calls: device calls the decode steps took (host round trips).
+      prefill_copies: admissions that got the prefill of an identical prompt admitted with them.
     """
 
     steps: int
@@ -56,6 +57,7 @@ class GenerateStats:
     cached_tokens: int
     admissions: tuple[tuple[int, int, int], ...]
     decode_calls: int = 0
+    prefill_copies: int = 0
 
     @property
     def kv_overhead(self) -> float:

@@ -58,6 +58,34 @@ def prefill_into_slots(
     return cache, logits_SV.at[slots_R].set(logits_RV, mode="drop")
 
 
+def copy_prompts(
+    cache: KVCache,
+    logits_SV: jax.Array,
+    from_pages_RP: jax.Array,
+    to_pages_RP: jax.Array,
+    from_slots_R: jax.Array,
+    to_slots_R: jax.Array,
+) -> tuple[KVCache, jax.Array]:
+    """Give ``R`` admitted requests the prefill of an identical prompt another one just had.
+
+    DONATES cache, logits_SV.
+
+    Row ``r`` copies the pages ``from_pages_RP[r]`` (a prefilled request's, the ones holding its
+    prompt) onto ``to_pages_RP[r]`` (the new request's, as many) and slot ``from_slots_R[r]``'s
+    next-token logits onto slot ``to_slots_R[r]``. Unused entries copy the null page onto itself
+    and name slot ``S`` (out of range), which writes nothing. The copies are the bits the new
+    request's own prefill would have written: the same prompt through the same compiled prefill.
+    """
+    src, dst = from_pages_RP.reshape(-1), to_pages_RP.reshape(-1)
+
+    def copy(pages):  # [K, N, page, D]
+        return pages.at[:, dst].set(pages[:, src])
+
+    cache = KVCache(tuple(map(copy, cache.k_pages)), tuple(map(copy, cache.v_pages)))
+    rows_RV = logits_SV.at[from_slots_R].get(mode="fill", fill_value=0.0)
+    return cache, logits_SV.at[to_slots_R].set(rows_RV, mode="drop")
+
+
 def decode_step(
     params: dict,
     cache: KVCache,

@@ -147,8 +147,8 @@ def _dense_attend(config: ModelConfig, mask_BTS: jax.Array, query_block: int = 0
     return attend
 
 
-def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None):
-    return Transformer(config).apply({"params": params}, tokens_BT, positions_BT, attends, select_B)
+def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None, head=True):
+    return Transformer(config).apply({"params": params}, tokens_BT, positions_BT, attends, select_B, head)
 
 
 def _positions_and_mask(shape_BT, attention_mask_BT):
@@ -185,7 +185,7 @@ def forward(
     return logits_BTV
 
 
-@functools.partial(jax.jit, static_argnames=("config", "group_size", "prefix"))
+@functools.partial(jax.jit, static_argnames=("config", "group_size", "prefix", "head"))
 def shared_prefix_forward(
     params: dict,
     tokens_BT: jax.Array,
@@ -194,6 +194,7 @@ def shared_prefix_forward(
     config: ModelConfig,
     group_size: int,
     prefix: int,
+    head: bool = True,
 ) -> jax.Array:
     """``forward``'s logits for rows whose first ``prefix`` tokens are the same in each group of
     ``group_size`` consecutive rows (a prompt and its sampled completions), computing that prefix
@@ -204,7 +205,8 @@ def shared_prefix_forward(
     its own tokens as ``forward``'s row would. Every prefix token must be real (not padding): the
     caller passes at most the shortest prompt. The logits at prefix positions are the group's,
     repeated over its rows. A row's logits equal ``forward``'s up to float32 rounding; the work is
-    ``M·prefix + B·(T - prefix)`` positions instead of ``B·T``.
+    ``M·prefix + B·(T - prefix)`` positions instead of ``B·T``. Without ``head``: the final-normed
+    hidden states ``[B, T, D]`` instead of the logits (``hidden_states``'s, prefix shared).
     """
     B, T = tokens_BT.shape
     if not 0 < prefix < T or B % group_size:
@@ -228,11 +230,11 @@ def shared_prefix_forward(
         return attend
 
     first_MP = tokens_BT[::group_size, :prefix]
-    prefix_logits, _ = _apply(config, params, first_MP, positions_BT[::group_size, :prefix],
-                              [prefix_attend(i) for i in range(config.num_layers)])
-    rest_logits, _ = _apply(config, params, tokens_BT[:, prefix:], positions_BT[:, prefix:],
-                            [rest_attend(i) for i in range(config.num_layers)])
-    return jnp.concatenate([jnp.repeat(prefix_logits, group_size, axis=0), rest_logits], axis=1)
+    prefix_out, _ = _apply(config, params, first_MP, positions_BT[::group_size, :prefix],
+                           [prefix_attend(i) for i in range(config.num_layers)], head=head)
+    rest_out, _ = _apply(config, params, tokens_BT[:, prefix:], positions_BT[:, prefix:],
+                         [rest_attend(i) for i in range(config.num_layers)], head=head)
+    return jnp.concatenate([jnp.repeat(prefix_out, group_size, axis=0), rest_out], axis=1)
 
 
 # Queries per attention block in a rematerialised layer (``kernels.attention``'s

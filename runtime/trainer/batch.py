@@ -68,15 +68,18 @@ class TrainBatch:
         return h.hexdigest()
 
 
-# Above this many tokens a shared prefix is rounded down to a power of two, so that a run whose
-# prompts vary compiles its step for a handful of prefix lengths, not one per shortest prompt.
+# Above this many tokens a shared prefix is rounded down to one of a few lengths per octave, so
+# that a run whose prompts vary compiles its step for a handful of prefix lengths, not one per
+# shortest prompt.
 EXACT_PREFIX_TOKENS = 16
 
 
-def shared_prefix(samples: Sequence[Sample], group_size: int) -> int:
+def shared_prefix(samples: Sequence[Sample], group_size: int, per_octave: int = 1) -> int:
     """How many leading tokens every row of each group shares, for a step that computes them once
-    per group: the batch's shortest prompt, rounded down to a power of two past
-    ``EXACT_PREFIX_TOKENS``; 0 where a group's rows do not start with the same prompt."""
+    per group: the batch's shortest prompt, past ``EXACT_PREFIX_TOKENS`` rounded down to one of
+    ``per_octave`` (a power of two) evenly spaced lengths from a power of two to the next (1: the
+    power of two; 8: a multiple of 4 from 32 to 64, 46 -> 44); 0 where a group's rows do not start
+    with the same prompt."""
     for start in range(0, len(samples), group_size):
         first = samples[start].prompt
         if any(not np.array_equal(s.prompt, first) for s in samples[start + 1 : start + group_size]):
@@ -84,11 +87,13 @@ def shared_prefix(samples: Sequence[Sample], group_size: int) -> int:
     shortest = min(len(s.prompt) for s in samples)
     if shortest <= EXACT_PREFIX_TOKENS:
         return shortest
-    return 1 << (shortest.bit_length() - 1)
+    spacing = max(1, (1 << (shortest.bit_length() - 1)) // per_octave)
+    return shortest - shortest % spacing
 
 
-def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int) -> TrainBatch:
-    """Pack ``samples`` (whole groups, in order) into a ``TrainBatch`` of width ``width``."""
+def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int, window: int = 0) -> TrainBatch:
+    """Pack ``samples`` (whole groups, in order) into a ``TrainBatch`` of width ``width``; with a
+    ``window`` (the step's ``completion_window``), no completion may be longer than it."""
     if not samples or len(samples) % group_size:
         raise RlxError(f"a batch needs whole groups of {group_size}; got {len(samples)} samples")
     B = len(samples)
@@ -100,6 +105,9 @@ def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int)
         p, c = len(s.prompt), len(s.completion)
         if p < 1 or p + c > width:
             raise RlxError(f"row {b}: prompt {p} + completion {c} tokens do not fit width {width}")
+        if 0 < window < c:
+            raise RlxError(f"row {b}: a completion of {c} tokens is longer than the train step's completion window "
+                           f"of {window} (sampling.max_tokens)")
         if len(s.logprobs) != c:
             raise RlxError(f"row {b}: {c} completion tokens but {len(s.logprobs)} log-probs")
         tokens[b, :p] = s.prompt

@@ -69,7 +69,7 @@ from kernels.reward_shaping import overlong_penalty
 from runtime.config import OLD_LOGPROBS, TrainerConfig
 from runtime.errors import UsageError
 from runtime.model import ModelConfig, forward
-from runtime.model.transformer import hidden_states, shared_prefix_forward
+from runtime.model.transformer import head_logits, hidden_states, shared_prefix_forward
 from runtime.trainer.accumulate import accumulate, blocked_head_logits, head_weight
 from runtime.trainer.batch import TrainBatch
 from runtime.trainer.optimizer import OptimizerConfig, transformation, update_leaf_by_leaf
@@ -88,7 +88,10 @@ class StepConfig:
     a row share their prompt; with ``share_prefix`` the trainer sets ``prefix`` per batch to the
     tokens they all share, and the whole-batch forward computes those once per group
     (``runtime.model.transformer.shared_prefix_forward``); ``prefix = 0`` computes every row in
-    full. ``old_logprobs``: ``"recompute"`` (the trainer scores rows sampled from an older version
+    full; ``prefix_per_octave``: how finely that prefix follows the batch's shortest prompt
+    (``runtime.trainer.batch.shared_prefix``). ``completion_window``: ``C > 0`` computes logits and log-probs only at the ``C`` positions
+    from each row's first completion target (every completion must fit in them), not at every
+    position (see :func:`_window_logprobs`); 0, at every position. ``old_logprobs``: ``"recompute"`` (the trainer scores rows sampled from an older version
     with that version's weights) or ``"behaviour"`` (their old log-probs are the engine's; the
     log-prob mismatch metrics then cover the on-policy rows only). ``fixed_order_mesh``: the
     device mesh (``runtime.trainer.mesh``) over whose row shards the gradient is summed in a fixed
@@ -113,6 +116,8 @@ class StepConfig:
     share_prefix: bool = False  # what an unset trainer.shared_prefix reads as
     prefix: int = 0
     old_logprobs: str = OLD_LOGPROBS[0]  # "recompute", what an unset trainer.old_logprobs reads as
+    completion_window: int = 0
+    prefix_per_octave: int = 1  # powers of two, what an unset trainer.prefix_per_octave reads as
     fixed_order_mesh: Any = None
 
     @classmethod
@@ -203,13 +208,48 @@ def _chunked_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
     return unchunk(logp_NBC), unchunk(entropy_NBC)
 
 
-def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
-    """``(log-probs, entropy)`` ``[B, T-1]`` of the targets ``tokens[:, 1:]``."""
+def _window_logprobs(params, tokens_BT, attention_BT, mask_BS, config: StepConfig):
+    """``_token_logprobs`` at each row's completion window only; 0 at every other position.
+
+    Row ``b``'s window is the ``C = completion_window`` positions from its first completion target
+    (the first True of ``mask_BS[b]``), which hold all of its completion when the completion has at
+    most ``C`` tokens (``pack`` checks). The LM head, the log-softmax and the entropy run over
+    ``[B, C, V]`` instead of ``[B, T-1, V]``: for prompts longer than their completions most of
+    the step's logits are at prompt positions, whose log-probs no objective reads. Positions of a
+    window past the row's end (a row whose completion starts late) are computed, then dropped.
+    """
+    B, T = tokens_BT.shape
+    S, C = T - 1, min(config.completion_window, T - 1)
+    if config.prefix > 0:
+        h_BTD = shared_prefix_forward(params, tokens_BT, attention_BT, config=config.model,
+                                      group_size=config.group_size, prefix=config.prefix, head=False)
+    else:
+        h_BTD = hidden_states(params, tokens_BT, attention_BT, config=config.model)
+    at_BC = jnp.argmax(mask_BS, axis=1)[:, None] + jnp.arange(C)[None, :]
+    inside_BC = at_BC < S
+    at_BC = jnp.minimum(at_BC, S - 1)
+    h_BCD = jnp.take_along_axis(h_BTD[:, :-1], at_BC[..., None], axis=1)
+    targets_BC = jnp.take_along_axis(tokens_BT[:, 1:], at_BC, axis=1)
+    logits_BCV = head_logits(params, h_BCD, config=config.model)
+    logp_BC, entropy_BC = token_logprobs_and_entropy(logits_BCV, targets_BC, config.temperature)
+    rows_B1 = jnp.arange(B)[:, None]
+
+    def spread(x_BC):  # added, not set: a clamped duplicate adds a zero, and its gradient is zero
+        return jnp.zeros((B, S), x_BC.dtype).at[rows_B1, at_BC].add(jnp.where(inside_BC, x_BC, 0.0))
+
+    return spread(logp_BC), spread(entropy_BC)
+
+
+def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
+    """``(log-probs, entropy)`` ``[B, T-1]`` of the targets ``tokens[:, 1:]``; with ``mask_BS`` and a
+    ``completion_window`` (whole-batch step), in each row's completion window only."""
     if config.logits_chunk > 0 or config.remat:
         C = config.logits_chunk if config.logits_chunk > 0 else tokens_BT.shape[1] - 1
         return _chunked_logprobs(
             params, tokens_BT, attention_BT, dataclasses.replace(config, logits_chunk=C)
         )
+    if config.completion_window > 0 and mask_BS is not None:
+        return _window_logprobs(params, tokens_BT, attention_BT, mask_BS, config)
     if config.prefix > 0:
         logits_BTV = shared_prefix_forward(params, tokens_BT, attention_BT, config=config.model,
                                            group_size=config.group_size, prefix=config.prefix)
@@ -227,11 +267,11 @@ def _merge(x):
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
-def _batched_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
+def _batched_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
     """``_token_logprobs`` one micro-batch at a time (forward only)."""
     n = config.micro_batches(tokens_BT.shape[0])
     if n == 1:
-        return _token_logprobs(params, tokens_BT, attention_BT, config)
+        return _token_logprobs(params, tokens_BT, attention_BT, config, mask_BS)
     def micro_batch(inputs):
         tokens_bT, attention_bT = inputs
         return _token_logprobs(params, tokens_bT, attention_bT, config)
@@ -243,9 +283,10 @@ def _batched_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def score(params, tokens_BT, attention_BT, *, config: StepConfig) -> jax.Array:
-    """Log-probs ``[B, T-1]`` of the targets ``tokens[:, 1:]`` under ``params`` (no gradient)."""
-    logp_BS, _ = _batched_logprobs(params, tokens_BT, attention_BT, config)
+def score(params, tokens_BT, attention_BT, mask_BS=None, *, config: StepConfig) -> jax.Array:
+    """Log-probs ``[B, T-1]`` of the targets ``tokens[:, 1:]`` under ``params`` (no gradient); with
+    ``mask_BS``, those the train step computes (its ``completion_window``; 0 outside it)."""
+    logp_BS, _ = _batched_logprobs(params, tokens_BT, attention_BT, config, mask_BS)
     return logp_BS
 
 
@@ -399,7 +440,7 @@ def train_step(
         loss, metrics, grads = _fixed_order_grads(params, batch, objective, config)
     elif n == 1:
         def loss_fn(p):
-            return objective(*_token_logprobs(p, batch.tokens_BT, batch.attention_BT, config))
+            return objective(*_token_logprobs(p, batch.tokens_BT, batch.attention_BT, config, batch.mask_BS))
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     else:

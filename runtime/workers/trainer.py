@@ -88,7 +88,8 @@ class StepTrainer:
         groups share (``runtime.trainer.batch.shared_prefix``) is computed once per group."""
         if not self.config.share_prefix:
             return self.config
-        return dataclasses.replace(self.config, prefix=shared_prefix(samples, self.group_size))
+        return dataclasses.replace(self.config, prefix=shared_prefix(samples, self.group_size,
+                                                                     self.config.prefix_per_octave))
 
     def _parent(self, version: int, digest: str) -> tuple[dict, object]:
         if self._state is not None and self._state[:2] == (version, digest):
@@ -135,7 +136,8 @@ class StepTrainer:
                 reward=float(r.outcome.reward),
                 policy_version=int(r.completion.policy_version),
             ))
-        batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id)
+        batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id,
+                     window=self.config.completion_window)
         config = self.step_config(samples)
         device_batch = shard_rows(self.mesh, batch)
         current = batch.versions_B == task.parent_version
@@ -152,10 +154,11 @@ class StepTrainer:
                     f"step {task.step} needs version {v} for the old log-probs of its rollouts, but the "
                     f"parameter store no longer has it (stored: {list(self.store.versions())})"
                 )
-            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, config=config)
+            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS, config=config)
             logp_old[rows] = to_host(logp_BS)[rows]
         if self.config.needs_reference:
-            logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, config=config)
+            logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS,
+                             config=config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
         current, logp_old, logp_ref = shard_rows(self.mesh, (current, logp_old, logp_ref))

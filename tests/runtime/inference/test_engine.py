@@ -255,3 +255,24 @@ def test_bad_engine_settings_are_rejected(engine, model):
     with pytest.raises(UsageError, match="num_pages=1 is not accepted"):
         Engine(model, max_slots=1, page_size=4, num_pages=1)
     assert engine.generate([], SamplingParams(), []) == []
+
+
+def test_requests_with_one_prompt_admitted_together_are_prefilled_once_with_the_same_bits(engine, alone):
+    """A group of samples of one prompt: the first is prefilled, the others get copies of its
+    pages and logits, and each completion is the one the request gets on its own — also when the
+    copies outnumber the slots, are preempted and come back."""
+    prompts, params, seeds = WORKLOAD
+    picks = [0, 3, 0, 5, 3, 0, 0, 5, 3, 0]  # three prompts, 5, 3 and 2 times, in an interleaved order
+    for batching in ("continuous", "static"):
+        out = engine.generate([prompts[i] for i in picks], [params[i] for i in picks], [seeds[i] for i in picks],
+                              batching=batching)
+        for position, i in enumerate(picks):
+            _assert_same(out[position], alone[i], f"request {i} at {position}, {batching}")
+        stats = engine.last_stats
+        assert stats.prefills + stats.prefill_copies == len(picks) + stats.preemptions
+        assert stats.prefill_copies >= 1
+    # Two identical requests: the same completion twice, from one prefill.
+    twice = engine.generate([prompts[1]] * 2, [params[1]] * 2, [seeds[1]] * 2)
+    assert engine.last_stats.prefills == 1 and engine.last_stats.prefill_copies == 1
+    for c in twice:
+        _assert_same(c, alone[1], "request 1 twice")

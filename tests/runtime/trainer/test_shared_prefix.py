@@ -100,6 +100,33 @@ def test_the_prefix_is_the_shortest_prompt_and_a_power_of_two_past_the_exact_ran
     assert shared_prefix(mixed, G) == 0
 
 
+def test_more_prefix_lengths_per_octave_follow_the_shortest_prompt_more_closely():
+    def at(shortest, per_octave):
+        rows = [dataclasses.replace(s, prompt=np.arange(shortest + i // G, dtype=np.int32))
+                for i, s in enumerate(_samples())]
+        return shared_prefix(rows, G, per_octave)
+
+    assert [at(46, k) for k in (1, 2, 4, 8, 16, 32, 64)] == [32, 32, 40, 44, 46, 46, 46]
+    assert [at(n, 8) for n in (16, 17, 31, 32, 33, 63, 64, 100, 200)] == [16, 16, 30, 32, 32, 60, 64, 96, 192]
+    assert all(at(n, 1) == 1 << (n.bit_length() - 1) for n in range(EXACT_PREFIX_TOKENS + 1, 300))
+    for n in range(1, 300):  # never past the shortest prompt, and at most 8 lengths from 2^k to 2^(k+1)
+        assert at(n, 8) <= n
+    assert len({at(n, 8) for n in range(64, 128)}) == 8
+
+
+def test_a_new_run_takes_eight_prefix_lengths_per_octave_and_an_older_one_powers_of_two():
+    assert load_config(None, []).trainer.prefix_per_octave == 8
+    for bad in (0, 3, 128):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"trainer.prefix_per_octave={bad}"])
+        assert "trainer.prefix_per_octave" in str(e.value) and "power of two" in str(e.value)
+    logged = load_config(None, []).to_dict()
+    del logged["trainer"]["prefix_per_octave"]
+    model = type("M", (), {"config": MODEL})()
+    assert step_config(Config.from_dict(logged), model).prefix_per_octave == 1
+    assert step_config(load_config(None, []), model).prefix_per_octave == 8
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["grpo", "kl_grpo"])
 def test_a_train_step_on_the_shared_prefix_equals_the_full_step(objective):
