@@ -36,6 +36,8 @@ DETERMINISTIC = "deterministic"
 FRESHEST = "freshest"
 MODES = (DETERMINISTIC, FRESHEST)
 OLD_LOGPROBS = ("recompute", "behaviour")  # trainer.old_logprobs
+# Where a checkpoint's chat template can come from (runtime.model.hf_text.TEMPLATE_FILES).
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 MESH_AXES = ("data", "fsdp", "model")  # trainer.mesh
 
 
@@ -230,9 +232,10 @@ class DataConfig(Section):
     loaded dataset before the run starts (the controller samples indices in ``[0, size)``).
 
     ``chat_template``: render every prompt with the checkpoint's chat template (``model.path``'s
-    ``tokenizer_config.json``); ``chat_template_digest`` is filled in with the sha256 of that
-    template when the run starts, and a replay or resume whose checkpoint's template differs is
-    refused. ``max_prompt_tokens`` caps a prompt's tokens (None: the model's positions less
+    ``chat_template.jinja``, else ``chat_template.json``, else ``tokenizer_config.json``'s entry, as
+    Transformers reads it); ``chat_template_digest`` and ``chat_template_file`` are filled in with
+    the sha256 of that template and the file it came from when the run starts, and a replay or
+    resume whose checkpoint's template differs is refused. ``max_prompt_tokens`` caps a prompt's tokens (None: the model's positions less
     ``sampling.max_tokens``); a prompt over the cap is an error naming it. Prompts are counted in
     the model's tokens, and the longest fixes the engine's prefill bucket and the batch width.
 
@@ -249,6 +252,7 @@ class DataConfig(Section):
     eval_fraction: float = 0.1
     chat_template: bool = False
     chat_template_digest: str | None = None
+    chat_template_file: str | None = None
     max_prompt_tokens: int | None = None
     options: dict = dataclasses.field(default_factory=dict)
     task_version: str | None = None
@@ -264,6 +268,11 @@ class DataConfig(Section):
             raise _fail("data.chat_template_digest", digest, "it must be a sha256 in hex (filled in by rlx run)")
         if digest is not None and not self.chat_template:
             raise _fail("data.chat_template_digest", digest, "it is set only with data.chat_template=true")
+        if self.chat_template_file is not None:
+            self._choice("chat_template_file", CHAT_TEMPLATE_FILES)
+            if not self.chat_template:
+                raise _fail("data.chat_template_file", self.chat_template_file,
+                            "it is set only with data.chat_template=true")
         if self.task_version is not None and not self.task_version.strip():
             raise _fail("data.task_version", self.task_version, "it must be a version (filled in by rlx run)")
 
@@ -756,7 +765,7 @@ class Config:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     def resolved(self, *, data_size: int | None = None, chat_template_digest: str | None = None,
-                 task_version: str | None = None) -> Config:
+                 chat_template_file: str | None = None, task_version: str | None = None) -> Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
         ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size``,
         ``data.chat_template_digest`` and ``data.task_version`` when given, ``params.keep_newest`` at least
@@ -770,6 +779,8 @@ class Config:
         data = self.data if data_size is None else dataclasses.replace(self.data, size=data_size)
         if chat_template_digest is not None:
             data = dataclasses.replace(data, chat_template_digest=chat_template_digest)
+        if chat_template_file is not None:
+            data = dataclasses.replace(data, chat_template_file=chat_template_file)
         if task_version is not None:
             data = dataclasses.replace(data, task_version=task_version)
         # The trainer recomputes old log-probs with the weights each rollout was sampled from, up

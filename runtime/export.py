@@ -150,8 +150,26 @@ def _checkpoint_form(path: str, run_id: str) -> _Form:
     model_config = config_from_hf(hf_config, source=str(directory / CONFIG_FILE))
     copies = tuple(name for name in TOKENIZER_FILES if checkpoint_file(directory, name) is not None)
     modes = {CONFIG_FILE: file_mode(directory, CONFIG_FILE), _WEIGHTS: weight_modes(directory)}
-    return _Form(model_config, hf_config, weight_dtypes(directory), copies, {}, str(directory),
-                 {name: mode for name, mode in modes.items() if mode is not None})
+    texts = _template_for_older_readers(directory)
+    return _Form(model_config, hf_config, weight_dtypes(directory), tuple(n for n in copies if n not in texts), texts,
+                 str(directory), {name: mode for name, mode in modes.items() if mode is not None})
+
+
+def _template_for_older_readers(directory: pathlib.Path) -> dict[str, str]:
+    """``{"tokenizer_config.json": text}`` with the checkpoint's ``chat_template.jinja`` added as its
+    ``chat_template`` entry, where the checkpoint keeps its template only in that file (as current
+    Transformers saves it): Transformers before the file existed read the entry, current Transformers
+    the file, and both get the same text. Nothing (the files are copied as they are) otherwise."""
+    from runtime.model.checkpoint_files import checkpoint_file, read_json
+    from runtime.model.hf_text import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, read_chat_template
+
+    tok_config = read_json(directory, TOKENIZER_CONFIG_FILE)
+    if tok_config is None or "chat_template" in tok_config or checkpoint_file(directory, CHAT_TEMPLATE_FILE) is None:
+        return {}
+    found = read_chat_template(directory, tok_config)
+    if found is None or found[1] != CHAT_TEMPLATE_FILE:
+        return {}
+    return {TOKENIZER_CONFIG_FILE: json.dumps({**tok_config, "chat_template": found[0]}, indent=2, ensure_ascii=False) + "\n"}
 
 
 def _form(logged: Mapping[str, Any], run_id: str) -> _Form:

@@ -249,11 +249,12 @@ def build_codec(config: Config):
         codec = _checkpoint_codec(config)
     if d.max_prompt_tokens is not None:
         codec = dataclasses.replace(codec, max_prompt_tokens=d.max_prompt_tokens)
-    recorded = d.chat_template_digest
+    recorded, recorded_file = d.chat_template_digest, d.chat_template_file
     if recorded is not None and codec.template_digest != recorded:
-        raise UsageError(f"the chat template of model.path {config.model.path!r} (sha256 {codec.template_digest}) "
-                         f"is not the one the run was started with (data.chat_template_digest {recorded}): its "
-                         "prompts would differ; restore the checkpoint's tokenizer_config.json")
+        raise UsageError(f"the chat template of model.path {config.model.path!r} (sha256 {codec.template_digest}, "
+                         f"from {codec.template_file}) is not the one the run was started with (data.chat_template_digest "
+                         f"{recorded}, from {recorded_file or 'tokenizer_config.json'}): its prompts would differ; restore "
+                         f"the checkpoint's {recorded_file or 'tokenizer_config.json'}")
     return codec
 
 
@@ -363,8 +364,9 @@ def resolve(config: Config, task) -> Config:
     """``config`` with every choice explicit (``Config.resolved``) for its ``task`` (its size and
     its source's version) and its model's chat template: what ``RunStarted`` records, and what
     everything is built from."""
-    return config.resolved(data_size=task.train_size, chat_template_digest=build_codec(config).template_digest,
-                           task_version=task.version)
+    codec = build_codec(config)
+    return config.resolved(data_size=task.train_size, chat_template_digest=codec.template_digest,
+                           chat_template_file=codec.template_file, task_version=task.version)
 
 
 def run_fingerprint(session: Session, inputs: dict | None = None) -> dict:

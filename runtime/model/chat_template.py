@@ -78,12 +78,15 @@ class ChatTemplate:
     Attributes:
       source: the template text.
       special_tokens: ``bos_token``, ``eos_token``, ... as strings (absent ones left out).
+      origin: the checkpoint file it was read from (``runtime.model.hf_text.TEMPLATE_FILES``), or
+        empty.
       digest: sha256 (hex) of the template text, recorded in the run's config so that a replay
         knows it renders the same prompts.
     """
 
     source: str
     special_tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    origin: str = ""
 
     def __post_init__(self) -> None:
         from jinja2 import TemplateSyntaxError

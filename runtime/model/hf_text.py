@@ -5,6 +5,9 @@ Read with the ``tokenizers`` library and plain JSON, never ``transformers``:
 - ``tokenizer.json``: the tokenizer itself;
 - ``tokenizer_config.json`` (and ``special_tokens_map.json``): the special token strings,
   ``add_bos_token`` and ``chat_template``;
+- ``chat_template.jinja`` (where current Transformers saves the template) and ``chat_template.json``
+  (``{"chat_template": ...}``, an older processor's file): the chat template, with Transformers'
+  precedence — ``chat_template.jinja``, then ``chat_template.json``, then ``tokenizer_config.json``;
 - ``config.json`` and ``generation_config.json``: the special token ids.
 
 Each architecture starts a prompt as its own tokenizer does: Llama and Mistral prepend the BOS
@@ -29,14 +32,19 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from runtime.errors import UsageError
-from runtime.model.chat_template import ChatTemplate, select_template
+from runtime.model.chat_template import MAX_TEMPLATE_CHARS, ChatTemplate, select_template
 from runtime.model.checkpoint_files import copy_file, read_bytes, read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
-TEXT_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, GENERATION_CONFIG_FILE)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
+# Where a chat template is read from, first found first (Transformers' order).
+TEMPLATE_FILES = (CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_JSON_FILE, TOKENIZER_CONFIG_FILE)
+TEXT_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, GENERATION_CONFIG_FILE,
+              CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_JSON_FILE)
 MAX_TOKENIZER_BYTES = 512 << 20
 # Architectures whose tokenizer starts no prompt with BOS; the others (llama, mistral) do.
 NO_BOS = frozenset({"qwen2", "qwen3"})
@@ -52,7 +60,7 @@ class CheckpointText:
       bos_id: the id prepended to a plain prompt, or None when the architecture adds none.
       eos_ids: every id that ends a completion; the first ends a supervised target.
       pad_id: the id padded positions hold.
-      chat_template: the compiled ``chat_template`` of ``tokenizer_config.json``, or None.
+      chat_template: the compiled chat template (its ``origin`` the file it came from), or None.
     """
 
     tokenizer: Tokenizer
@@ -83,6 +91,27 @@ def _ids(value: Any, where: str) -> list[int]:
     return values
 
 
+def read_chat_template(directory: str | os.PathLike, tok_config: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(template text, file name)`` of the checkpoint's chat template, from the first of
+    ``TEMPLATE_FILES`` that holds one; None when none does. A template file that is not UTF-8, is
+    empty or is too large is a one-line error naming it."""
+    root = pathlib.Path(directory)
+    data = read_bytes(root, CHAT_TEMPLATE_FILE, max_bytes=4 * MAX_TEMPLATE_CHARS)
+    if data is not None:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{root / CHAT_TEMPLATE_FILE} is not UTF-8 text (byte {e.start}); a chat template is "
+                             "UTF-8") from None
+        return select_template(text, source=str(root / CHAT_TEMPLATE_FILE)), CHAT_TEMPLATE_FILE
+    for name, entries in ((CHAT_TEMPLATE_JSON_FILE, _optional_json(root, CHAT_TEMPLATE_JSON_FILE)),
+                          (TOKENIZER_CONFIG_FILE, tok_config)):
+        value = entries.get("chat_template")
+        if value is not None:
+            return select_template(value, source=str(root / name)), name
+    return None
+
+
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     """``tokenizer.json`` of ``directory`` (one-line errors when absent, too large or unreadable)."""
     path = pathlib.Path(directory) / TOKENIZER_FILE
@@ -104,7 +133,7 @@ def checkpoint_text(directory: str | os.PathLike, hf_config: Mapping[str, Any], 
     Args:
       directory: the checkpoint directory.
       hf_config: its ``config.json`` as a dict.
-      chat_template: compile ``tokenizer_config.json``'s ``chat_template``; its absence is an error.
+      chat_template: compile the chat template (``read_chat_template``); its absence is an error.
 
     Raises:
       UsageError: a file is missing or malformed, an id is out of range, the architecture prepends
@@ -172,11 +201,12 @@ def checkpoint_text(directory: str | os.PathLike, hf_config: Mapping[str, Any], 
 
     template = None
     if chat_template:
-        source = tok_config.get("chat_template")
-        if source is None:
+        found = read_chat_template(root, tok_config)
+        if found is None:
             raise UsageError(f"data.chat_template is true but model.path {str(directory)!r} has no chat template "
-                             f"(no chat_template in {TOKENIZER_CONFIG_FILE}); set data.chat_template=false")
-        template = ChatTemplate(select_template(source, source=str(root / TOKENIZER_CONFIG_FILE)), strings)
+                             f"(no {CHAT_TEMPLATE_FILE}, no {CHAT_TEMPLATE_JSON_FILE} and no chat_template in "
+                             f"{TOKENIZER_CONFIG_FILE}); set data.chat_template=false")
+        template = ChatTemplate(found[0], strings, origin=found[1])
     return CheckpointText(tokenizer, bos_id, eos_ids, pad_id, template)
 
 
@@ -188,4 +218,4 @@ def copy_text_files(source: str | os.PathLike, target: str | os.PathLike) -> lis
     return [name for name in TEXT_FILES if copy_file(source, name, target)]
 
 
-__all__ = ["CheckpointText", "checkpoint_text", "copy_text_files", "load_tokenizer"]
+__all__ = ["CheckpointText", "checkpoint_text", "copy_text_files", "load_tokenizer", "read_chat_template"]

@@ -72,6 +72,11 @@ class TextCodec:
         """sha256 of the chat template's text, or None without one."""
         return None if self.template is None else self.template.digest
 
+    @property
+    def template_file(self) -> str | None:
+        """The checkpoint file the chat template was read from, or None without one."""
+        return None if self.template is None else self.template.origin or None
+
     def prompt_text(self, problem: Problem) -> str:
         """The text the model is prompted with (before ``<bos>``)."""
         if self.template is None:
