@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 
 import numpy as np
@@ -146,12 +147,18 @@ def test_the_template_files_are_read_in_transformers_order(tmp_path, data):
     (b"x" * (4 << 20) + b"x", "is larger than"),
     ("é".encode() * ((1 << 20) + 1), "characters; at most"),
 ])
-def test_a_bad_template_file_is_one_line(tmp_path, data, content, says):
-    save_with_transformers(tmp_path, "qwen2")
-    (tmp_path / "chat_template.jinja").write_bytes(content)
+def test_a_bad_template_file_is_one_line_and_nothing_is_written(tmp_path, data, content, says):
+    from runtime.run import run
+
+    save_with_transformers(tmp_path / "ckpt", "qwen2")
+    (tmp_path / "ckpt" / "chat_template.jinja").write_bytes(content)
     with pytest.raises(UsageError) as e:
-        build_codec(_config(tmp_path, data))
+        build_codec(_config(tmp_path / "ckpt", data))
     assert says in str(e.value) and "chat_template.jinja" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(UsageError, match=re.escape(says)):
+        run(_config(tmp_path / "ckpt", data, "workers.mode=threads"), out=str(tmp_path / "run"), progress=False,
+            log=lambda *_: None)
+    assert not (tmp_path / "run" / "ledger.db").exists() and not (tmp_path / "run" / "params").exists()
 
 
 def test_a_recorded_template_that_changed_names_its_file(tmp_path, data):
@@ -166,12 +173,14 @@ def test_a_recorded_template_that_changed_names_its_file(tmp_path, data):
 
 
 @pytest.mark.slow
-def test_a_run_on_a_saved_checkpoint_exports_what_transformers_loads_with_the_same_template(tmp_path, data):
+@pytest.mark.parametrize("architecture", sorted(CONFIGS))
+def test_a_run_on_a_saved_checkpoint_exports_what_transformers_loads_with_the_same_template(architecture, tmp_path,
+                                                                                            data):
     from runtime.export import export_version
     from runtime.run import run
 
     source = tmp_path / "saved"
-    save_with_transformers(source, "llama")
+    save_with_transformers(source, architecture, tie=architecture != "mistral")
     config = _config(source, data, "run.steps=1", "sampling.group_size=2", "scheduling.groups_per_batch=2",
                      "sampling.max_tokens=4", "eval.every_steps=0", "workers.mode=threads")
     run(config, out=str(tmp_path / "run"), progress=False, log=lambda *_: None)
