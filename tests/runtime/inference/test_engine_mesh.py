@@ -55,6 +55,9 @@ ENGINE_ON_TWO = """
     prompts, params, seeds = WORKLOAD
     alone = [two.generate([p], [q], [s])[0] for p, q, s in zip(prompts, params, seeds)]
     batch = two.generate(prompts[::-1], params[::-1], seeds[::-1])[::-1]
+    picks = [0, 3, 0, 3, 0]  # one prompt three times, another twice: prefilled once each, copied for the rest
+    grouped = two.generate([prompts[i] for i in picks], [params[i] for i in picks], [seeds[i] for i in picks])
+    copies = two.last_stats.prefill_copies
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     g1, g2 = one.generate(prompts[:4], greedy, [0, 1, 2, 3]), two.generate(prompts[:4], greedy, [0, 1, 2, 3])
     two.update_params(model.params)
@@ -62,6 +65,8 @@ ENGINE_ON_TWO = """
     bits = lambda c: (c.tokens.tolist(), c.logprobs.tobytes().hex())
     print(json.dumps({
         "batch_invariant": [bits(a) == bits(b) for a, b in zip(alone, batch)],
+        "grouped_as_alone": [bits(c) == bits(alone[i]) for c, i in zip(grouped, picks)],
+        "prefill_copies": copies,
         "after_new_weights": [bits(a) == bits(b) for a, b in zip(again, alone[:3])],
         "greedy_tokens_as_one_device": [a.tokens.tolist() == b.tokens.tolist() for a, b in zip(g1, g2)],
         "greedy_logprob_diff": max(float(np.max(np.abs(a.logprobs - b.logprobs))) for a, b in zip(g1, g2)),
@@ -81,6 +86,7 @@ def test_an_engine_split_over_two_devices_is_batch_invariant_and_agrees_with_one
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(got["batch_invariant"]) and len(got["batch_invariant"]) == 12
+    assert all(got["grouped_as_alone"]) and len(got["grouped_as_alone"]) == 5 and got["prefill_copies"] >= 1
     assert all(got["after_new_weights"]) and all(got["greedy_tokens_as_one_device"])
     assert got["greedy_logprob_diff"] < 1e-5
     assert got["compiles_after_build"] == 0
