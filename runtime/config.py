@@ -36,7 +36,7 @@ DETERMINISTIC = "deterministic"
 FRESHEST = "freshest"
 MODES = (DETERMINISTIC, FRESHEST)
 OLD_LOGPROBS = ("recompute", "behaviour")  # trainer.old_logprobs
-# Where a checkpoint's chat template can come from (runtime.model.hf_text.TEMPLATE_FILES).
+# Where a checkpoint's chat template can come from, in the order it is looked for (runtime.model.hf_text).
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 MESH_AXES = ("data", "fsdp", "model")  # trainer.mesh
 
@@ -442,14 +442,11 @@ class TrainerConfig(Section):
         return self.micro_batch_size > 0 or self.logits_chunk > 0 or self.remat
 
     def check(self) -> None:
-        if self.shared_prefix and self.bounded:
-            raise _fail("trainer.shared_prefix", self.shared_prefix,
-                        "it works on the whole-batch step only: false, or unset with micro_batch_size, "
-                        "logits_chunk or remat")
-        if self.completion_logits and self.bounded:
-            raise _fail("trainer.completion_logits", self.completion_logits,
-                        "it works on the whole-batch step only: false, or unset with micro_batch_size, "
-                        "logits_chunk or remat")
+        for name in ("shared_prefix", "completion_logits"):  # the whole-batch step's own work savers
+            if getattr(self, name) and self.bounded:
+                raise _fail(f"trainer.{name}", getattr(self, name),
+                            "it works on the whole-batch step only: false, or unset with micro_batch_size, "
+                            "logits_chunk or remat")
         if self.old_logprobs is not None:
             self._choice("old_logprobs", OLD_LOGPROBS)
         octave = self.prefix_per_octave

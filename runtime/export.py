@@ -160,11 +160,11 @@ def _template_for_older_readers(directory: pathlib.Path) -> dict[str, str]:
     ``chat_template`` entry, where the checkpoint keeps its template only in that file (as current
     Transformers saves it): Transformers before the file existed read the entry, current Transformers
     the file, and both get the same text. Nothing (the files are copied as they are) otherwise."""
-    from runtime.model.checkpoint_files import checkpoint_file, read_json
+    from runtime.model.checkpoint_files import read_json
     from runtime.model.hf_text import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, read_chat_template
 
     tok_config = read_json(directory, TOKENIZER_CONFIG_FILE)
-    if tok_config is None or "chat_template" in tok_config or checkpoint_file(directory, CHAT_TEMPLATE_FILE) is None:
+    if tok_config is None or "chat_template" in tok_config:
         return {}
     found = read_chat_template(directory, tok_config)
     if found is None or found[1] != CHAT_TEMPLATE_FILE:

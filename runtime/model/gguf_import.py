@@ -44,12 +44,10 @@ from runtime.model.gguf_read import (
 from runtime.model.gguf_tokenizer import GgufText, gguf_text
 from runtime.model.hf import CONFIG_FILE, GENERATION_CONFIG_FILE, TOKENIZER_FILE, write_weights
 from runtime.model.hf_convert import config_to_hf
+from runtime.model.hf_text import CHAT_TEMPLATE_FILE, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE
 
 # GGUF ``general.architecture`` -> Hugging Face ``model_type``; whether q/k rows are permuted.
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",

@@ -31,18 +31,17 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from runtime.config import CHAT_TEMPLATE_FILES
 from runtime.errors import UsageError
 from runtime.model.chat_template import MAX_TEMPLATE_CHARS, ChatTemplate, select_template
 from runtime.model.checkpoint_files import copy_file, read_bytes, read_json
 
 TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-CHAT_TEMPLATE_JSON_FILE = "chat_template.json"
-# Where a chat template is read from, first found first (Transformers' order).
-TEMPLATE_FILES = (CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_JSON_FILE, TOKENIZER_CONFIG_FILE)
+# Where a chat template is read from, first found first (Transformers' order; ``data.chat_template_file``).
+TEMPLATE_FILES = CHAT_TEMPLATE_FILES
+CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_JSON_FILE, TOKENIZER_CONFIG_FILE = TEMPLATE_FILES
 TEXT_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, GENERATION_CONFIG_FILE,
               CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_JSON_FILE)
 MAX_TOKENIZER_BYTES = 512 << 20

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -22,9 +21,9 @@ from runtime.config import Config, ConfigError, load_config
 from runtime.errors import RlxError
 from runtime.model import init_params
 from runtime.session import step_config
-from runtime.trainer import StepConfig, make_optimizer, pack, score, train_step
+from runtime.trainer import StepConfig, pack, score
 from runtime.trainer.batch import shared_prefix
-from tests.runtime.trainer.test_shared_prefix import MODEL, WIDTH, G, _samples
+from tests.runtime.trainer.test_shared_prefix import MODEL, WIDTH, G, _samples, assert_same_step, steps_side_by_side
 
 WINDOW = 8  # the longest completion; the 6-token prompt's window runs 2 positions past the width
 
@@ -49,19 +48,9 @@ def test_a_step_on_the_completion_window_equals_the_full_step(objective, prefix)
     starts = mask.argmax(axis=1)
     inside = (np.arange(mask.shape[1])[None, :] >= starts[:, None]) & (np.arange(mask.shape[1])[None, :] < starts[:, None] + WINDOW)
     assert (logp[WINDOW][~inside] == 0).all() and (logp[WINDOW][inside] < 0).all()
-    current = jnp.asarray(np.arange(len(samples)) % 2 == 0)
-    old = jnp.asarray(np.where(mask, logp[0] + 0.05, 0), jnp.float32)
-    ref = jnp.asarray(np.where(mask, logp[0] - 0.1, 0), jnp.float32)
-    out = {}
-    for c in (full, window):
-        p = jax.tree.map(jnp.array, params)
-        out[c.completion_window] = train_step(p, make_optimizer(c).init(p), batch, old, ref, current, config=c)
-    (p0, _, m0), (pw, _, mw) = out[0], out[WINDOW]
-    for key in ("loss", "grad_norm", "entropy", "kl_ref"):
-        assert float(mw[key]) == pytest.approx(float(m0[key]), rel=1e-4, abs=1e-6), key
-    for a, b, before in zip(jax.tree.leaves(pw), jax.tree.leaves(p0), jax.tree.leaves(params), strict=True):
-        np.testing.assert_allclose(np.float64(a) - before, np.float64(b) - before, atol=1e-5)
-    assert float(m0["grad_norm"]) > 0.01
+    out0, out_window = steps_side_by_side(params, batch, logp[0], (full, window))
+    assert_same_step(params, out_window, out0, ("loss", "grad_norm", "entropy", "kl_ref"))
+    assert float(out0[2]["grad_norm"]) > 0.01
 
 
 def test_a_completion_longer_than_the_window_is_refused_when_packed():

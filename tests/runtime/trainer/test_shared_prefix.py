@@ -41,6 +41,30 @@ def _samples():
             for i, (c, r) in enumerate(zip(COMPLETIONS, REWARDS, strict=True))]
 
 
+def steps_side_by_side(params, batch, logp_full, configs):
+    """A first train step from ``params`` on ``batch`` under each config: half the rows off-policy,
+    with old and reference log-probs a little away from ``logp_full`` (the full step's)."""
+    mask = np.asarray(batch.mask_BS)
+    current = jnp.asarray(np.arange(batch.size) % 2 == 0)
+    old = jnp.asarray(np.where(mask, logp_full + 0.05, 0), jnp.float32)
+    ref = jnp.asarray(np.where(mask, logp_full - 0.1, 0), jnp.float32)
+    steps = []
+    for c in configs:
+        p = jax.tree.map(jnp.array, params)
+        steps.append(train_step(p, make_optimizer(c).init(p), batch, old, ref, current, config=c))
+    return steps
+
+
+def assert_same_step(params, got, want, metrics):
+    """``got`` and ``want`` (``train_step`` outputs from ``params``) agree on ``metrics`` and on the
+    update of every parameter, to float32 rounding."""
+    (p_got, _, m_got), (p_want, _, m_want) = got, want
+    for key in metrics:
+        assert float(m_got[key]) == pytest.approx(float(m_want[key]), rel=1e-4, abs=1e-6), key
+    for a, b, before in zip(jax.tree.leaves(p_got), jax.tree.leaves(p_want), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(np.float64(a) - before, np.float64(b) - before, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_attention_over_a_shared_prefix_is_dense_attention_over_the_whole_row():
     M, P, T, H, K, D = 2, 3, 4, 4, 2, 8
@@ -142,19 +166,9 @@ def test_a_train_step_on_the_shared_prefix_equals_the_full_step(objective):
     mask = np.asarray(batch.mask_BS)
     logp = {c.prefix: np.asarray(score(params, batch.tokens_BT, batch.attention_BT, config=c)) for c in (full, shared)}
     np.testing.assert_allclose(logp[4][mask], logp[0][mask], atol=1e-5)
-    # Half the rows off-policy, with old log-probs a little away from the current ones.
-    current = jnp.asarray(np.arange(len(samples)) % 2 == 0)
-    old = jnp.asarray(np.where(mask, logp[0] + 0.05, 0), jnp.float32)
-    ref = jnp.asarray(np.where(mask, logp[0] - 0.1, 0), jnp.float32)
-    out = {}
-    for c in (full, shared):
-        p = jax.tree.map(jnp.array, params)
-        out[c.prefix] = train_step(p, make_optimizer(c).init(p), batch, old, ref, current, config=c)
-    (p0, _, m0), (p4, _, m4) = out[0], out[4]
-    for key in ("loss", "grad_norm"):
-        assert float(m4[key]) == pytest.approx(float(m0[key]), rel=1e-4, abs=1e-6)
-    for a, b, before in zip(jax.tree.leaves(p4), jax.tree.leaves(p0), jax.tree.leaves(params), strict=True):
-        np.testing.assert_allclose(np.float64(a) - before, np.float64(b) - before, atol=1e-5)
+    out0, out4 = steps_side_by_side(params, batch, logp[0], (full, shared))
+    assert_same_step(params, out4, out0, ("loss", "grad_norm"))
+    p0, p4 = out0[0], out4[0]
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p4), jax.tree.leaves(p0), strict=True))
 
 
