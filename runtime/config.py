@@ -39,6 +39,7 @@ OLD_LOGPROBS = ("recompute", "behaviour")  # trainer.old_logprobs
 # Where a checkpoint's chat template can come from, in the order it is looked for (runtime.model.hf_text).
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 MESH_AXES = ("data", "fsdp", "model")  # trainer.mesh
+DEVICE_LAYOUTS = ("auto", "inherit")  # workers.devices, besides a table (runtime.placement)
 
 
 class ConfigError(UsageError):
@@ -60,7 +61,16 @@ def _coerce(where: str, value: Any, hint: Any) -> Any:
     if type(None) in args:
         if value is None:
             return None
-        (hint,) = [a for a in args if a is not type(None)]
+        others = [a for a in args if a is not type(None)]
+        if len(others) > 1:  # e.g. str | dict: the first that takes it
+            for other in others:
+                try:
+                    return _coerce(where, value, other)
+                except ConfigError:
+                    pass
+            raise _fail(where, value, "it must be " + " or ".join(
+                {"str": "a string", "dict": "a table"}.get(getattr(o, "__name__", ""), str(o)) for o in others))
+        (hint,) = others
     if hint is bool:
         if type(value) is bool:
             return value
@@ -515,7 +525,10 @@ class WorkersConfig(Section):
     ``"live"`` elsewhere (each worker records the one it runs); unset, a new run resolves it to
     ``"auto"``, and a run logged before it existed reads as ``"reference"``. ``no_progress_s``:
     after this many seconds without an accepted completion, outcome, step or version the host
-    says in one line what the run is waiting for (0: never)."""
+    says in one line what the run is waiting for (0: never). ``devices``: which of the host's
+    devices each process of processes mode sees (``runtime.placement``): ``"auto"`` (what a new
+    run records when it is unset), ``"inherit"`` (each sees what ``rlx run`` sees; a run logged
+    before it existed reads as this), or a table of role = device ids."""
 
     NAME = "workers"
     mode: str = PROCESSES
@@ -528,6 +541,7 @@ class WorkersConfig(Section):
     trainer_processes: int = 1
     attention: str | None = None
     no_progress_s: float = 600.0
+    devices: str | dict | None = None
 
     def check(self) -> None:
         self._choice("mode", [PROCESSES, THREADS])
@@ -549,6 +563,15 @@ class WorkersConfig(Section):
             raise _fail("workers.lease_timeout_s", self.lease_timeout_s, "it must be > 0")
         if not 0.0 <= self.no_progress_s < float("inf"):
             raise _fail("workers.no_progress_s", self.no_progress_s, "it must be a number of seconds >= 0 (0: never)")
+        if isinstance(self.devices, str) and self.devices not in DEVICE_LAYOUTS:
+            raise _fail("workers.devices", self.devices, f'accepted: {", ".join(map(repr, DEVICE_LAYOUTS))}, or a '
+                                                         "table of role = device ids (e.g. {trainer = [0, 1], "
+                                                         "inference = [[2], [3]], evaluator = [2]})")
+        if isinstance(self.devices, dict):
+            unknown = sorted(set(self.devices) - {"trainer", "inference", "evaluator"})
+            if unknown:
+                raise _fail("workers.devices", self.devices, f"unknown role {unknown[0]!r}; accepted: trainer, "
+                                                             "inference, evaluator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -767,7 +790,8 @@ class Config:
         ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size``,
         ``data.chat_template_digest`` and ``data.task_version`` when given, ``params.keep_newest`` at least
         ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, ``trainer.shared_prefix``,
-        ``trainer.completion_logits``, ``trainer.prefix_per_octave``, ``trainer.old_logprobs`` and ``workers.attention``."""
+        ``trainer.completion_logits``, ``trainer.prefix_per_octave``, ``trainer.old_logprobs``, ``workers.attention``
+        and ``workers.devices``."""
         s = self.scheduling
         filter_groups = s.filter_groups
         if filter_groups is None:
@@ -802,6 +826,8 @@ class Config:
         workers = self.workers
         if workers.attention is None:  # the backend is the inference worker's: settled where it runs
             workers = dataclasses.replace(workers, attention="auto")
+        if workers.devices is None:  # the host's devices: laid out where it runs (runtime.placement)
+            workers = dataclasses.replace(workers, devices="auto")
         return dataclasses.replace(
             self,
             trainer=trainer,

@@ -26,6 +26,7 @@ from ledger import open_store
 from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.host import Host, ThreadRunner
+from runtime.placement import Layout
 from runtime.rundir import RunDir, check_creatable, run_started
 from runtime.session import Session, build_session, build_task, resolve, run_fingerprint, trainer_mesh
 
@@ -45,14 +46,15 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     # The data and the code sandbox are settled first: the sandbox's probes fork, which must not
     # happen while the workers' first calls are in flight in this process's gRPC threads.
     built = build_task(config, log=log)
-    if config.workers.trainer_processes == 1:  # a gang's ranks count their devices together
+    layout = _placement(config, log, new=True)  # before this process starts JAX: it may see only its own
+    if config.workers.trainer_processes == 1 and layout.inherit:  # a gang's ranks count their devices together
         trainer_mesh(config)  # the trainer (a thread, or a process that inherits these devices) fits
     # Worker processes start now and build their roles while this process builds its own session.
-    runner = _runner(config, out)
+    runner = _runner(config, out, layout=layout)
     try:
         # Resolved once, before anything is built from it: what RunStarted records is what runs.
         config = resolve(config, built[0])
-        session = build_session(config, log=log, built=built)  # validates model, data and task
+        session = build_session(config, log=log, built=built, engine=_evaluates(config))  # validates model, data, task
         os.makedirs(out, exist_ok=True)
         store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
     except BaseException:
@@ -63,22 +65,43 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
         if config.ledger.url is not None:  # resume, replay and audit of `out` find the ledger through it
             rundir.point_to(ledger_url, config.run.name)
         pstore = ParamStore.open(params_url, create=True)
-        host = Host.create(store, pstore, config, fingerprint=run_fingerprint(session), log=log)
-        return _drive(session, host, out, runner, t_start, progress, log)
+        host = Host.create(store, pstore, config, fingerprint=run_fingerprint(session, layout=layout), log=log)
+        return _drive(session, host, out, runner, t_start, progress, log, layout)
     finally:
         if runner is not None:
             runner.stop()  # when the run did not get as far as running them
         store.close()
 
 
-def _runner(config: Config, out: str, session: Session | None = None):
-    """The runner of ``workers.mode``: worker processes (started now) or threads (started when
-    the host is attached; they need ``session``, None until it is built)."""
+def _runner(config: Config, out: str, session: Session | None = None, *, layout: Layout):
+    """The runner of ``workers.mode``: worker processes on the devices of ``layout`` (started
+    now) or threads (started when the host is attached; they need ``session``, None until it is
+    built)."""
     if config.workers.mode == PROCESSES:
         from runtime.service.processes import ProcessRunner
 
-        return ProcessRunner(config, out)
+        return ProcessRunner(config, out, layout)
     return None if session is None else ThreadRunner(session)
+
+
+def _evaluates(config: Config) -> bool:
+    """Whether this process needs an engine: it evaluates versions, or lends its engine to the
+    first inference worker thread."""
+    return config.workers.mode != PROCESSES or config.eval.every_steps > 0
+
+
+def _placement(config: Config, log: Callable[[str], None], *, new: bool) -> Layout:
+    """The layout of the run's processes on this host (``runtime.placement``; a new run's unset
+    ``workers.devices`` is ``"auto"``, a logged run's reads as ``"inherit"``), applied to this
+    process (the host, which evaluates) when its JAX backend has not started yet. A layout that
+    cannot be is a one-line error before anything starts."""
+    from runtime import placement
+
+    layout = placement.for_run(config, new=new)
+    if not layout.inherit:
+        placement.apply_to_this_process(layout)
+        log(layout.describe())
+    return layout
 
 
 def _check_new_run(rundir: RunDir, ledger_url: str, params_url: str, run_name: str) -> None:
@@ -150,7 +173,8 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
         if state.finished:
             log(f"run {run_id!r} has already finished (version {state.latest}); nothing to resume")
             return None
-        session = build_session(config, log=log)
+        layout = _placement(config, log, new=False)
+        session = build_session(config, log=log, engine=_evaluates(config))
         swept = pstore.sweep()
         if swept:
             log(f"removed {len(swept)} half-written parameter version(s) left by the crash")
@@ -160,7 +184,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
                 f"version {state.latest} is in the ledger but missing from the parameter store {params_url}; "
                 "`rlx replay` re-derives it"
             )
-        here = run_fingerprint(session, current_inputs)
+        here = run_fingerprint(session, current_inputs, layout=layout)
         changed = fingerprint_diff(first.fingerprint, here)
         if changed:
             what = ", ".join(f"{k} {v['recorded']!r} → {v['current']!r}" for k, v in changed.items())
@@ -171,20 +195,20 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
         since = f"snapshot at seq {recovered.snapshot_seq}" if recovered.snapshot_seq else "seq 1"
         log(f"resumed run {run_id!r} at step {ctrl.state.trained} of {config.run.steps} "
             f"(writer epoch {ctrl.epoch}, ledger head seq {ctrl.head_seq}, folded from {since})")
-        return _drive(session, host, out, None, t_start, progress, log)
+        return _drive(session, host, out, None, t_start, progress, log, layout)
     finally:
         store.close()
 
 
 def _drive(session: Session, host: Host, out: str, runner, t_start: float, progress: bool,
-           log: Callable[[str], None]) -> dict:
+           log: Callable[[str], None], layout: Layout) -> dict:
     """Run the workers (``runner``, started already, or the one of ``workers.mode``, started now)
     until the run finishes, with the host's observers listening; wait for the last due
     evaluation; write summary.json and report.png. The RL time counts from here: from when the
     controller is ready to when the run finished."""
     config = session.config
     if runner is None:
-        runner = _runner(config, out, session)
+        runner = _runner(config, out, session, layout=layout)
     # Processes mode leaves this process's engine idle during the run; threads mode lends it to the
     # first inference worker, so the evaluator gets one of the same shape.
     host.observe(engine=session.engine if config.workers.mode == PROCESSES else session.new_engine(),

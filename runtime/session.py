@@ -52,8 +52,19 @@ def fingerprint() -> dict:
         "devices": jax.device_count(),
         "processes": jax.process_count(),
         # how a gang's ranks sum across processes (recorded only for a gang: its bits depend on it)
-        **({"collectives": jax.config.values["jax_cpu_collectives_implementation"]} if jax.process_count() > 1 else {}),
+        **({"collectives": collectives()} if jax.process_count() > 1 else {}),
     }
+
+
+def collectives() -> str:
+    """How this process's sums across processes run: the CPU's implementation (gloo), else the
+    backend's own (NCCL on a GPU, the inter-chip interconnect on a TPU)."""
+    import jax
+
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return str(jax.config.values["jax_cpu_collectives_implementation"])
+    return {"gpu": "nccl", "tpu": "ici"}.get(backend, backend)
 
 
 def make_task(config: Config):
@@ -369,13 +380,14 @@ def resolve(config: Config, task) -> Config:
                            chat_template_file=codec.template_file, task_version=task.version)
 
 
-def run_fingerprint(session: Session, inputs: dict | None = None) -> dict:
+def run_fingerprint(session: Session, inputs: dict | None = None, *, layout=None) -> dict:
     """What ``RunStarted`` records of this machine: the stack the bits depend on, the trainer's
     layout (its processes, the devices of each, its mesh and, for a gang, the collectives that sum
     across processes: the workers this process starts get its environment), for a task that
     runs code, the sandbox's isolation and how each limit binds, and the run's input files by
     absolute path and content digest (``runtime.inputs.record``; ``inputs`` if already taken).
-    ``rlx resume`` warns when any of it but the inputs differs, and refuses changed inputs."""
+    ``rlx resume`` warns when any of it but the inputs differs, and refuses changed inputs. With
+    ``layout`` (``runtime.placement.Layout``), the devices of each of the run's processes."""
     import jax
 
     from runtime import inputs as run_inputs
@@ -387,6 +399,7 @@ def run_fingerprint(session: Session, inputs: dict | None = None) -> dict:
         "collectives": jax.config.values["jax_cpu_collectives_implementation"] if processes > 1 else None,
     }
     return {**fingerprint(), "trainer": trainer, **({} if session.sandbox is None else {"sandbox": session.sandbox}),
+            **({} if layout is None else {"layout": layout.to_json()}),
             "inputs": run_inputs.record(session.config) if inputs is None else inputs}
 
 

@@ -138,3 +138,34 @@ def check(console: Console, run_id: str, chain, rows: list[dict[str, Any]], *, p
     for r in rows:
         t.add_row(r["invariant"], str(r["seq"]), r["kind"], r["message"])
     console.print(t)
+
+
+def layout(console: Console, run_id: str, recorded: dict[str, Any] | None, workers: list[dict[str, Any]]) -> None:
+    """The run's device layout (``RunStarted``) and what each worker that joined saw."""
+    if recorded is None:
+        console.print(f"run {run_id}: no device layout recorded (a run logged before layouts were)")
+    elif recorded.get("inherit"):
+        console.print(f"run {run_id}: every process saw the host's devices ({recorded.get('devices')} "
+                      f"{recorded.get('backend')})")
+    else:
+        rows = [("backend", f"{recorded.get('devices')} {recorded.get('backend')}"),
+                ("trainer", _ids(recorded.get("trainer"))),
+                *((f"inference-{n}", _ids(ids)) for n, ids in enumerate(recorded.get("inference") or [])),
+                ("evaluator", _ids(recorded.get("evaluator")) if recorded.get("evaluator") else "none (CPU)")]
+        if recorded.get("memory_fractions"):
+            rows.append(("memory fractions", recorded["memory_fractions"]))
+        console.print(_pairs(f"device layout of run {run_id}", rows))
+    t = Table("seq", Column("worker", overflow="fold"), "role", "devices", "backend", "kind", "local", "memory limit",
+              title="workers as they joined", title_justify="left")
+    for w in workers:
+        limit = w.get("memory_limit_bytes")
+        memory = "-" if limit is None else f"{limit / 2**30:.1f} GiB"
+        if w.get("memory_fraction") is not None:
+            memory += f" ({w['memory_fraction']:.0%})"
+        t.add_row(str(w["seq"]), w["worker_id"], w["role"], "inherited" if w.get("devices") is None else _ids(w["devices"]),
+                  _fmt(w.get("backend")), _fmt(w.get("kind")), _fmt(w.get("local")), memory)
+    console.print(t)
+
+
+def _ids(ids: Any) -> str:
+    return ",".join(map(str, ids)) if ids else "-"

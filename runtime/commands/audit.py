@@ -1,5 +1,5 @@
-"""``rlx audit DIR version V | rollout ID | step S | check | diff OTHER``: provenance and
-invariants of a run, and where it parts from another.
+"""``rlx audit DIR version V | rollout ID | step S | check | diff OTHER | layout``: provenance and
+invariants of a run, where it parts from another, and the devices each of its processes used.
 
 Readable tables by default, one JSON object with ``--json``. ``check`` exits 1 when any of
 I1–I8 is violated (or the ledger's hash chain is broken) and lists the violating events; a
@@ -39,6 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_diff)
     sp = sub.add_parser("check", parents=[common], help="check invariants I1–I8 over the whole ledger")
     sp.set_defaults(func=cmd_check)
+    sp = sub.add_parser("layout", parents=[common], help="which devices each process of the run used")
+    sp.set_defaults(func=cmd_layout)
 
 
 def _emit(obj: Any) -> None:
@@ -145,6 +147,32 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     render.check(Console(), source.run_id, chain, rows, params_checked=chain.ok)
     return 0 if ok else 1
+
+
+def cmd_layout(args: argparse.Namespace) -> int:
+    """The run's device layout as ``RunStarted`` recorded it, and the devices each worker that
+    joined reported (``runtime.placement.joined_info``), in the order they joined."""
+    from ledger import events as ev
+    from runtime.replay import read_run
+
+    source = read_run(args.directory, args.run_id)
+    source.chain.raise_if_bad()
+    layout, workers = None, []
+    for s in source.events:
+        e = s.event
+        if isinstance(e, ev.RunStarted):
+            layout = e.fingerprint.get("layout")
+        elif isinstance(e, ev.WorkerJoined) and "placement" in e.info:
+            workers.append({"seq": s.seq, "worker_id": e.worker_id, "role": e.role, **e.info["placement"]})
+    if args.json:
+        _emit({"run_id": source.run_id, "layout": layout, "workers": workers})
+        return 0
+    from rich.console import Console
+
+    from runtime.audit import render
+
+    render.layout(Console(), source.run_id, layout, workers)
+    return 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

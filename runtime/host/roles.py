@@ -3,9 +3,9 @@
 
 An inference role generates its leases with an engine, a verifier role scores completions with
 the task's verifier, the trainer role publishes version 0 and trains each step. Each also says
-what its ``WorkerJoined`` records: the machine's fingerprint (the stack its bits come from) and,
-for inference, the engine's batch shape (which decides the bits of every completion; replays
-rebuild it). Both runners record the same.
+what its ``WorkerJoined`` records: the machine's fingerprint (the stack its bits come from), its
+devices (``runtime.placement.joined_info``) and, for inference, the engine's batch shape (which
+decides the bits of every completion; replays rebuild it). Both runners record the same.
 """
 
 from __future__ import annotations
@@ -60,12 +60,13 @@ class InferenceRole(Role):
 
     def __init__(self, worker) -> None:
         """``worker``: a ``runtime.workers.EngineWorker``."""
+        from runtime.placement import joined_info
         from runtime.session import fingerprint
 
         super().__init__()
         self.worker = worker
         self.slots = worker.slots
-        self.info = {"engine": worker.engine.batch_shape, "fingerprint": fingerprint()}
+        self.info = {"engine": worker.engine.batch_shape, "fingerprint": fingerprint(), "placement": joined_info()}
 
     @classmethod
     def of(cls, engine, task, codec, pstore, config: Config) -> InferenceRole:
@@ -106,12 +107,14 @@ class TrainerRole(Role):
     def __init__(self, trainer, gang=None) -> None:
         """``trainer``: a ``runtime.workers.StepTrainer``; ``gang``: the trainer gang this
         process is a rank of (``runtime.trainer.gang.Gang``), None for one process."""
+        from runtime.placement import joined_info
         from runtime.session import fingerprint
 
         super().__init__()
         self.trainer = trainer
         self.gang = gang
-        self.info = {"fingerprint": fingerprint()}  # the stack and layout this trainer's bits come from
+        # the stack and layout this trainer's bits come from, and the devices it was given
+        self.info = {"fingerprint": fingerprint(), "placement": joined_info()}
 
     def work(self, polled, working):
         if polled.train is None:
@@ -156,7 +159,7 @@ def role_from_config(role: str, config: Config, params_url: str, log: Log, gang=
         return InferenceRole.of(session.engine, session.task, session.codec, ParamStore.open(params_url), config)
     if role == VERIFIER:
         return VerifierRole(*build_scoring(config, log=log))  # no model, no engine: nothing to compile
-    session = build_session(config, log=log, judge=False)
+    session = build_session(config, log=log, judge=False, engine=False)  # a trainer samples nothing
     return TrainerRole(make_trainer(session, ParamStore.open(params_url), "", gang=gang), gang)
 
 

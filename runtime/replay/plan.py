@@ -166,6 +166,8 @@ class ReplayIndex:
       trainer_layouts: the distinct ``{processes, devices, collectives}`` trainers recorded when
         they joined (a trainer gang's rank 0 records the gang's).
       events: how many events the run has.
+      trainer_fingerprint: the stack the first trainer that joined recorded (None before any
+        joined): the machine whose bits a replay re-trains.
     """
 
     run: ev.RunStarted
@@ -175,6 +177,7 @@ class ReplayIndex:
     engine_shapes: tuple[dict, ...] = ()
     events: int = 0
     trainer_layouts: tuple[dict, ...] = ()
+    trainer_fingerprint: dict | None = None
 
     @property
     def latest(self) -> int:
@@ -219,6 +222,7 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
     trained: dict[int, tuple[int, ev.TrainStepCompleted]] = {}
     shapes: list[dict] = []
     layouts: list[dict] = []
+    trainer_fingerprint: dict | None = None
     count = 0
     for stored in events:
         e, seq = stored.event, stored.seq
@@ -249,6 +253,8 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
             layout = _trainer_layout(e)
             if layout is not None and layout not in layouts:
                 layouts.append(layout)
+            if layout is not None and trainer_fingerprint is None:
+                trainer_fingerprint = e.info["fingerprint"]
         elif type(e) is ev.RunStarted and run is None:
             run = e
     for s in armed:
@@ -267,7 +273,7 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
                                ready.get(step, len(order)), retirements))
     retained = tuple(sorted(v for v in published if v not in order))
     return ReplayIndex(run, dict(sorted(published.items())), tuple(steps), retained, tuple(shapes), count,
-                       tuple(layouts))
+                       tuple(layouts), trainer_fingerprint)
 
 
 def _trainer_layout(e: ev.WorkerJoined) -> dict | None:

@@ -125,15 +125,20 @@ class _Replay:
                                            f"hash chain: {chain.reason}")])
         index = index_run(self.events())
         self.steps_total = len(index.steps)
-        # Replay re-trains from logged outcomes and judges nothing: the code sandbox is not compared;
-        # the trainer's layout is, by what each trainer recorded (_check_trainer_layouts).
-        recorded = {k: v for k, v in index.run.fingerprint.items() if k not in ("sandbox", "trainer")}
-        self.fp = fingerprint_diff(recorded, fingerprint())
+        # Replay re-trains from logged outcomes and judges nothing: its stack is compared with the
+        # trainer's (the host's in RunStarted, where no trainer joined: on its own devices it may run
+        # on another platform), not the code sandbox or the run's device layout; the trainer's
+        # device count and gang by what each trainer recorded (_check_trainer_layouts).
+        def stack(fp: dict) -> dict:
+            return {k: v for k, v in fp.items()
+                    if k not in ("sandbox", "trainer", "layout", "devices", "processes", "collectives")}
+
+        self.fp = fingerprint_diff(stack(index.trainer_fingerprint or index.run.fingerprint), stack(fingerprint()))
         # The run's input files, from where it recorded them, refused if they changed since.
         run_inputs.check(run_inputs.located(Config.from_dict(index.run.config), index.run.fingerprint),
                          index.run.fingerprint, what="replay", warn=self.warn)
         if self.fp:
-            self.warn(f"the environment differs from the one recorded in RunStarted ({', '.join(self.fp)}): "
+            self.warn(f"the environment differs from the one the run's trainer recorded ({', '.join(self.fp)}): "
                       "bits may differ on another stack")
         last = index.steps[-1].step if index.steps else 0
         if type(from_version) is not int or not 0 <= from_version <= last or from_version not in index.versions:

@@ -15,14 +15,16 @@ from typing import Any
 
 from runtime.config import Config
 from runtime.errors import UsageError
+from runtime.placement import Layout
 
 
 class ProcessRunner:
-    """The worker processes of ``config``'s ``workers`` section for the run in directory ``out``."""
+    """The worker processes of ``config``'s ``workers`` section for the run in directory ``out``,
+    each shown only its devices of ``layout`` (``runtime.placement``)."""
 
     RETRY_FOR_S = 24 * 3600.0
 
-    def __init__(self, config: Config, out: str) -> None:
+    def __init__(self, config: Config, out: str, layout: Layout) -> None:
         import secrets
 
         from runtime.service.server import PendingService, serve
@@ -41,7 +43,8 @@ class ProcessRunner:
         self.supervisor = Supervisor(
             f"127.0.0.1:{self.served.port}", [("trainer", 1), ("verifier", w.verifiers), ("inference", w.inference)],
             log_dir=logs, journal=Journal(journal), lose=self._lose, joined_ids=self._joined_ids,
-            env={TOKEN_ENV: token}, retry_for_s=self.RETRY_FOR_S, gangs={"trainer": w.trainer_processes})
+            env={TOKEN_ENV: token}, retry_for_s=self.RETRY_FOR_S, gangs={"trainer": w.trainer_processes},
+            placed=lambda slot, rank: layout.env(_process(slot, rank), os.environ))
         try:
             self.supervisor.start()
         except BaseException:
@@ -113,6 +116,15 @@ class ProcessRunner:
                         pass
             elif os.path.lexists(path):
                 os.remove(path)
+
+
+def _process(slot: str, rank: int) -> str:
+    """A supervisor slot's child (``trainer-0`` rank R, ``inference-N``, ``verifier-N``) as a
+    process of the layout."""
+    role, _, index = slot.rpartition("-")
+    if role == "trainer":
+        return f"trainer.{rank}"
+    return slot if role == "inference" else role
 
 
 __all__ = ["ProcessRunner"]

@@ -121,12 +121,16 @@ class Supervisor:
         env: extra environment for the children (the run's token).
         retry_for_s: how long a child goes on calling a controller that does not answer.
         gangs: role → processes per worker of that role (a gang when more than 1).
+        placed: (slot name, rank) → the environment entries that show that child only its
+            devices (``runtime.placement.Layout.env``); the same for every child of a slot, so a
+            restarted worker gets the devices of the one it replaces.
     """
 
     def __init__(self, target: str, roles: Sequence[tuple[str, int]], *, log_dir: str, journal: Journal,
                  lose: Callable[[Iterable[str], str], object], joined_ids: Callable[[], Iterable[str]],
                  env: dict[str, str] | None = None, max_failures: int = MAX_FAILURES,
-                 retry_for_s: float = RETRY_FOR_S, gangs: dict[str, int] | None = None):
+                 retry_for_s: float = RETRY_FOR_S, gangs: dict[str, int] | None = None,
+                 placed: Callable[[str, int], dict[str, str]] | None = None):
         self.target = target
         gangs = gangs or {}
         self.slots = [_Slot(f"{role}-{i}", role, gangs.get(role, 1)) for role, count in roles for i in range(count)]
@@ -135,6 +139,7 @@ class Supervisor:
         self.lose = lose
         self.joined_ids = joined_ids
         self.env = {**os.environ, **(env or {})}
+        self.placed = placed or (lambda slot, rank: {})
         self.max_failures = max_failures
         self.retry_for_s = retry_for_s
         self.failure: str | None = None
@@ -153,7 +158,7 @@ class Supervisor:
         argv = [*rlx_command(), "worker", slot.role, "--controller", self.target, "--worker-id", slot.worker_id,
                 "--retry-for", str(self.retry_for_s), "--exit-with-parent"]
         if slot.processes == 1:
-            slot.proc = self._start(argv, slot.log_path)
+            slot.proc = self._start(argv, slot.log_path, self.placed(slot.name, 0))
             self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=slot.proc.pid)
             return
         coordinator, slot.coordinator_dir = private_coordinator()
@@ -161,15 +166,15 @@ class Supervisor:
         for rank in range(slot.processes):
             log_path = slot.log_path if rank == 0 else os.path.join(self.log_dir, f"{slot.worker_id}.rank{rank}.log")
             procs.append(self._start([*argv, "--gang", f"{rank}/{slot.processes}", "--coordinator", coordinator],
-                                     log_path))
+                                     log_path, self.placed(slot.name, rank)))
             self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, rank=rank,
                                pid=procs[-1].pid)
         slot.proc, slot.peers = procs[0], procs[1:]
 
-    def _start(self, argv: list[str], log_path: str) -> subprocess.Popen:
+    def _start(self, argv: list[str], log_path: str, placed: dict[str, str]) -> subprocess.Popen:
         with open(log_path, "ab") as log:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=self.env, start_new_session=False)
+                                    env={**self.env, **placed}, start_new_session=False)
 
     def delivered(self, worker_id: str) -> None:
         """A submission of ``worker_id`` was accepted (called from the service's threads)."""

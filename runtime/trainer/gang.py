@@ -2,7 +2,8 @@
 
 ``workers.trainer_processes = P`` starts the trainer as P ``rlx worker trainer`` processes, rank 0
 to P-1, that call ``jax.distributed.initialize`` against a coordinator rank 0 serves (gloo over
-TCP for the collectives on CPU). Together they hold one device mesh (``trainer.mesh``, over every
+TCP for the collectives on CPU, the backend's own on a GPU or TPU, each rank over the devices the
+run's layout gave it, ``runtime.placement``). Together they hold one device mesh (``trainer.mesh``, over every
 device of the gang) and run each train step as one SPMD program:
 
 - to the controller the gang is **one** trainer worker: rank 0 joins, polls, heartbeats and
@@ -38,6 +39,7 @@ import jax
 import numpy as np
 
 from runtime.errors import UsageError
+from runtime.placement import DEVICES_ENV
 
 HEARTBEAT_S = 10  # a dead rank aborts the others within about this long
 INIT_TIMEOUT_S = 120
@@ -124,12 +126,18 @@ class Gang:
         """Join the gang; must run before anything in the process touches a JAX backend."""
         if spec.rank == 0:
             check_private(spec)
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices only
+        local = None
+        if gang_platform(os.environ) == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # over TCP on loopback
+        else:  # the backend's own collectives (NCCL, ICI) over the devices the layout gave this rank
+            ids = os.environ.get(DEVICES_ENV)
+            local = list(range(len(ids.split(",")))) if ids else None
         # Rank 0 serves the coordinator on exactly the address given (JAX's default is every
         # interface): a private Unix socket for a gang on one machine.
         jax.distributed.initialize(coordinator_address=spec.coordinator, num_processes=spec.size,
                                    process_id=spec.rank, initialization_timeout=INIT_TIMEOUT_S,
-                                   heartbeat_timeout_seconds=HEARTBEAT_S, coordinator_bind_address=spec.coordinator)
+                                   heartbeat_timeout_seconds=HEARTBEAT_S, coordinator_bind_address=spec.coordinator,
+                                   local_device_ids=local)
         return cls(spec)
 
     @property
@@ -183,6 +191,16 @@ class Gang:
 
     def shutdown(self) -> None:
         jax.distributed.shutdown()
+
+
+def gang_platform(environ) -> str:
+    """The platform a rank will run on, known before its JAX backend starts (the collectives must
+    be chosen first): ``JAX_PLATFORMS`` as its layout set it, else the CPU where the machine has
+    no accelerator."""
+    from runtime.placement import accelerator_present
+
+    first = environ.get("JAX_PLATFORMS", "").split(",")[0].strip()
+    return first or ("accelerator" if accelerator_present() else "cpu")
 
 
 def check_devices(gang: Gang | None, mesh_size: int) -> None:
