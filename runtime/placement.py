@@ -416,7 +416,7 @@ def check_deterministic_flags(xla_flags: str) -> None:
         if found and found[-1] != want:
             raise UsageError(f"XLA_FLAGS sets {name}={found[-1]}, but a deterministic run on a GPU needs {flag} "
                              "(XLA's choices would differ from run to run); remove it, or set "
-                             'scheduling.mode="async"')
+                             'scheduling.mode="freshest"')
 
 
 def apply_to_this_process(layout: Layout, process: str = EVALUATOR) -> bool:

@@ -93,6 +93,7 @@ class VerifierRole(Role):
 
         super().__init__()
         self.verifier = TaskVerifier("", task, codec)
+        self.info = {"placement": {"devices": []}}  # it scores on the CPU and uses no device
 
     def work(self, polled, working):
         if not polled.scores:

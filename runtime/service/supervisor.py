@@ -16,8 +16,8 @@ authentication, so no other user's process may reach it); only rank 0 joins the 
 gang is one failure domain: when any rank dies the supervisor kills the others and starts the
 whole gang again (a rank cannot rejoin a live gang); it has finished when every rank has exited 0.
 
-``workers.jsonl`` in the run directory records each start, exit and first accepted submission with
-its wall time (for people and ``scripts/chaos.py``; nothing decides on it), and each child's output
+``workers.jsonl`` in the run directory records each start (with the devices the child was shown),
+exit and first accepted submission with its wall time (for people and ``scripts/chaos.py``; nothing decides on it), and each child's output
 goes to ``logs/WORKER_ID.log``.
 """
 
@@ -158,17 +158,20 @@ class Supervisor:
         argv = [*rlx_command(), "worker", slot.role, "--controller", self.target, "--worker-id", slot.worker_id,
                 "--retry-for", str(self.retry_for_s), "--exit-with-parent"]
         if slot.processes == 1:
-            slot.proc = self._start(argv, slot.log_path, self.placed(slot.name, 0))
-            self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=slot.proc.pid)
+            placed = self.placed(slot.name, 0)
+            slot.proc = self._start(argv, slot.log_path, placed)
+            self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, pid=slot.proc.pid,
+                               **_devices(placed))
             return
         coordinator, slot.coordinator_dir = private_coordinator()
         procs = []
         for rank in range(slot.processes):
             log_path = slot.log_path if rank == 0 else os.path.join(self.log_dir, f"{slot.worker_id}.rank{rank}.log")
+            placed = self.placed(slot.name, rank)
             procs.append(self._start([*argv, "--gang", f"{rank}/{slot.processes}", "--coordinator", coordinator],
-                                     log_path, self.placed(slot.name, rank)))
+                                     log_path, placed))
             self.journal.write("spawn", slot=slot.name, role=slot.role, worker_id=slot.worker_id, rank=rank,
-                               pid=procs[-1].pid)
+                               pid=procs[-1].pid, **_devices(placed))
         slot.proc, slot.peers = procs[0], procs[1:]
 
     def _start(self, argv: list[str], log_path: str, placed: dict[str, str]) -> subprocess.Popen:
@@ -281,6 +284,13 @@ class Supervisor:
                 self.journal.write("exit", slot=slot.name, role=slot.role, worker_id=slot.worker_id,
                                    pid=slot.proc.pid, how=describe_exit(slot.proc.returncode))
                 self._ended(slot)
+
+
+def _devices(placed: dict[str, str]) -> dict[str, str]:
+    """The journal's note of the devices a child was shown (none when it inherits them)."""
+    from runtime.placement import DEVICES_ENV
+
+    return {"devices": placed[DEVICES_ENV]} if DEVICES_ENV in placed else {}
 
 
 def _last_line(path: str) -> str:
