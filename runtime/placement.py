@@ -209,10 +209,12 @@ class Layout:
     def env(self, process: str, base: Mapping[str, str]) -> dict[str, str]:
         """The environment entries that show ``process`` (``trainer`` or ``trainer.R`` for rank R,
         ``inference-N``, ``evaluator``, ``verifier``) only its devices, over ``base`` (the
-        environment it would inherit): the entries to set."""
-        if self.inherit:
-            return {}
+        environment it would inherit): the entries to set. An inherited layout sets nothing but,
+        on a GPU in deterministic mode, the flags that make XLA's choices repeatable."""
         backend = self.inventory.backend
+        if self.inherit:
+            deterministic = backend == GPU and self.deterministic
+            return {"XLA_FLAGS": with_flags(base.get("XLA_FLAGS", ""), DETERMINISTIC_GPU_FLAGS)} if deterministic else {}
         if process == "verifier" or (process == EVALUATOR and not self.evaluator):
             return _cpu_env((), base)
         ids, name = self._ids(process)
@@ -397,7 +399,7 @@ def for_run(config, *, new: bool, inv: Inventory | None = None) -> Layout:
     spec = config.workers.devices if config.workers.mode == PROCESSES else INHERIT
     if spec is None and new:
         spec = AUTO
-    inv = inventory() if inv is None and spec not in (None, INHERIT) else inv or Inventory(CPU, 1)
+    inv = inventory() if inv is None else inv
     deterministic = config.scheduling.mode == DETERMINISTIC
     if inv.backend == GPU and deterministic:
         check_deterministic_flags(os.environ.get("XLA_FLAGS", ""))
@@ -421,14 +423,43 @@ def check_deterministic_flags(xla_flags: str) -> None:
 
 def apply_to_this_process(layout: Layout, process: str = EVALUATOR) -> bool:
     """Show this process (the host) only its devices, if its JAX backend has not started yet;
-    returns whether it could (a backend that has started keeps what it sees)."""
+    returns whether it could (a backend that has started keeps what it sees).
+
+    Raises:
+        UsageError: a deterministic run on a GPU in a process whose backend started without the
+        flags that make XLA's choices repeatable.
+    """
     from jax._src import xla_bridge
 
-    if layout.inherit or xla_bridge.backends_are_initialized():
+    env = layout.env(process, os.environ)
+    if not env:
         return False
-    for key, value in layout.env(process, os.environ).items():
-        os.environ[key] = value
+    if xla_bridge.backends_are_initialized():
+        if layout.deterministic and layout.inventory.backend == GPU:
+            check_process(True)
+        return False
+    os.environ.update(env)
     return True
+
+
+def check_process(deterministic: bool) -> None:
+    """A process about to train or sample in a deterministic run: on a GPU, its XLA must have been
+    started with ``DETERMINISTIC_GPU_FLAGS`` (a worker started by hand, or a backend started
+    before the run set them, may lack them).
+
+    Raises:
+        UsageError: naming the missing flags and how to set them.
+    """
+    import jax
+
+    if not deterministic or jax.default_backend() != GPU:
+        return
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    missing = [f for f in DETERMINISTIC_GPU_FLAGS if f not in flags]
+    if missing:
+        raise UsageError(f"a deterministic run on a GPU needs XLA_FLAGS to hold {' '.join(missing)} (XLA's choices "
+                         "would differ from run to run); set them before the process starts, or set "
+                         'scheduling.mode="freshest"')
 
 
 def joined_info(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -449,4 +480,4 @@ def joined_info(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 
 __all__ = ["AUTO", "DETERMINISTIC_GPU_FLAGS", "INHERIT", "Inventory", "Layout", "Needs", "accelerator_present", "apply_to_this_process",
-           "check_deterministic_flags", "for_run", "inventory", "joined_info", "plan", "with_flags"]
+           "check_deterministic_flags", "check_process", "for_run", "inventory", "joined_info", "plan", "with_flags"]

@@ -98,8 +98,8 @@ def _placement(config: Config, log: Callable[[str], None], *, new: bool) -> Layo
     from runtime import placement
 
     layout = placement.for_run(config, new=new)
+    placement.apply_to_this_process(layout)  # an inherited layout: on a GPU, the deterministic flags only
     if not layout.inherit:
-        placement.apply_to_this_process(layout)
         log(layout.describe())
     return layout
 

@@ -152,9 +152,13 @@ def role_from_config(role: str, config: Config, params_url: str, log: Log, gang=
     """``role`` built from the run's config alone, as a worker process builds it: an engine for
     inference (no warm start: every version it uses comes from the parameter store), the task's
     verifier without a model, the model and train step for the trainer."""
+    from runtime.config import DETERMINISTIC
     from runtime.params import ParamStore
+    from runtime.placement import check_process
     from runtime.session import build_scoring, build_session, make_trainer
 
+    if role != VERIFIER:
+        check_process(config.scheduling.mode == DETERMINISTIC)
     if role == INFERENCE:
         session = build_session(config, log=log, judge=False, warm=False)
         return InferenceRole.of(session.engine, session.task, session.codec, ParamStore.open(params_url), config)

@@ -265,3 +265,37 @@ def test_an_impossible_layout_is_refused_before_anything_is_created(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1] == ("rlx: error: workers.devices {'trainer': [0, 1, 2, 9]}: trainer names device 9 but this "
                          "host has 8 (ids 0 to 7)"), proc.stderr
+
+
+def test_an_inherited_layout_sets_only_the_deterministic_flags_on_a_gpu():
+    assert plan("inherit", _needs(), GPU1, deterministic=True).env("trainer", {"XLA_FLAGS": "--x=1"}) == {
+        "XLA_FLAGS": "--x=1 " + " ".join(DETERMINISTIC_GPU_FLAGS)}
+    assert plan("inherit", _needs(), GPU1, deterministic=False).env("trainer", {}) == {}
+    assert plan(None, _needs(), CPU8, deterministic=True).env("trainer", {}) == {}
+
+
+def test_a_trainer_process_builds_no_engine_and_records_its_devices(tmp_path, monkeypatch):
+    from runtime.host.roles import role_from_config
+    from runtime.params import ParamStore
+    from runtime.session import EngineShape
+
+    def no_engine(self, model):
+        raise AssertionError("a trainer process built an inference engine")
+
+    monkeypatch.setattr(EngineShape, "build", no_engine)
+    monkeypatch.setenv("RLX_DEVICES", "0")
+    url = f"file://{tmp_path / 'params'}"
+    ParamStore.open(url, create=True)
+    config = load_config(None, [*TINY, "pretrain.steps=0"])
+    role = role_from_config("trainer", config, url, log=lambda line: None)
+    assert role.info["placement"]["devices"] == [0] and role.info["placement"]["backend"] == "cpu"
+    with pytest.raises(AssertionError, match="built an inference engine"):  # the control: an inference worker does
+        role_from_config("inference", config, url, log=lambda line: None)
+
+
+def test_a_gang_rank_chooses_its_collectives_before_its_backend_starts():
+    from runtime.trainer.gang import gang_platform
+
+    assert gang_platform({"JAX_PLATFORMS": "cpu"}) == "cpu"
+    assert gang_platform({"JAX_PLATFORMS": "cuda"}) == "cuda"  # NCCL, not gloo
+    assert gang_platform({"JAX_PLATFORMS": "tpu,cpu"}) == "tpu"
