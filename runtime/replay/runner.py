@@ -111,6 +111,7 @@ class _Replay:
     def run(self, from_version: int, regenerate: bool, check_snapshots: bool) -> ReplayReport:
         from ledger import LedgerError
         from runtime.controller import ReplayDivergence, snapshot
+        from runtime.placement import HOST_COUNT_FLAG
         from runtime.session import fingerprint
 
         self.start = self.requested = from_version  # until the index says which kept version re-training starts from
@@ -130,15 +131,18 @@ class _Replay:
         # on another platform), not the code sandbox or the run's device layout; the trainer's
         # device count and gang by what each trainer recorded (_check_trainer_layouts).
         def stack(fp: dict) -> dict:
-            return {k: v for k, v in fp.items()
+            kept = {k: v for k, v in fp.items()
                     if k not in ("sandbox", "trainer", "layout", "devices", "processes", "collectives")}
+            if isinstance(kept.get("xla_flags"), str):  # the host-device count is a device count
+                kept["xla_flags"] = " ".join(f for f in kept["xla_flags"].split() if not f.startswith(HOST_COUNT_FLAG))
+            return kept
 
         self.fp = fingerprint_diff(stack(index.trainer_fingerprint or index.run.fingerprint), stack(fingerprint()))
         # The run's input files, from where it recorded them, refused if they changed since.
         run_inputs.check(run_inputs.located(Config.from_dict(index.run.config), index.run.fingerprint),
                          index.run.fingerprint, what="replay", warn=self.warn)
         if self.fp:
-            self.warn(f"the environment differs from the one the run's trainer recorded ({', '.join(self.fp)}): "
+            self.warn(f"the environment differs from the trainer's recorded one ({', '.join(self.fp)}): "
                       "bits may differ on another stack")
         last = index.steps[-1].step if index.steps else 0
         if type(from_version) is not int or not 0 <= from_version <= last or from_version not in index.versions:

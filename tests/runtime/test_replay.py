@@ -146,9 +146,9 @@ def test_a_deleted_parameter_version_is_reported(finished, tmp_path):
 def test_a_divergent_step_is_named_by_seq_version_and_field_and_a_new_stack_warns(finished, tmp_path, capsys):
     out, _ = finished
 
-    def edit(e):
-        if isinstance(e, ev.RunStarted):
-            return dataclasses.replace(e, fingerprint={**e.fingerprint, "cores": 999})
+    def edit(e):  # the trainer's stack is the one a replay re-trains on
+        if isinstance(e, ev.WorkerJoined) and e.role == "trainer":
+            return dataclasses.replace(e, info={**e.info, "fingerprint": {**e.info["fingerprint"], "cores": 999}})
         if isinstance(e, ev.TrainStepCompleted) and e.step == 3:
             return dataclasses.replace(e, metrics={**e.metrics, "loss": e.metrics["loss"] + 1e-7})
         return e
