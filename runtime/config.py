@@ -487,12 +487,18 @@ class InferenceConfig(Section):
     """The inference engine's layout: ``mesh = {model=N}`` splits its weights (attention heads,
     MLP units, the LM head's vocabulary) and its KV cache's kv heads over N devices of each
     inference worker (``runtime.inference.Engine``); empty, one device. A request's tokens still
-    do not depend on its batch, but they do on the mesh (each worker records it)."""
+    do not depend on its batch, but they do on the mesh (each worker records it).
+    ``kv_pages``: the pages of each engine's KV cache pool (0: the worst case, every decode slot's
+    longest sequence). A smaller pool holds the tokens actually live; when it runs out the
+    youngest sequence is preempted and recomputed later, with the same tokens whatever the
+    preemption pattern (``runtime.inference.scheduler``). It must hold one longest sequence."""
 
     NAME = "inference"
     mesh: dict = dataclasses.field(default_factory=dict)
+    kv_pages: int = 0
 
     def check(self) -> None:
+        self._at_least("kv_pages", 0)
         try:
             shape = MeshShape.of(self.mesh)
         except (TypeError, ValueError) as e:

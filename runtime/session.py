@@ -111,6 +111,8 @@ class EngineShape:
       buckets: prompt lengths prefill is compiled for.
       attention: the decode attention (``kernels.paged_attention.IMPLS``).
       model_devices: devices the engine's ``model`` axis splits it over (1: one device).
+      pages: the KV pool's pages besides the null page (0: ``slots × pages_per_seq``, the worst
+        case); the pool's size never changes a completion's bits.
     """
 
     slots: int
@@ -119,6 +121,7 @@ class EngineShape:
     buckets: tuple[int, ...]
     attention: str = "reference"
     model_devices: int = 1
+    pages: int = 0
 
     @classmethod
     def for_run(cls, config: Config, width: int) -> EngineShape:
@@ -133,8 +136,13 @@ class EngineShape:
             import jax
 
             attention = "pallas" if jax.default_backend() == "tpu" else "live"
-        return cls(min(w.inference_batch, w.inference_slots), page_size, -(-width // page_size), (longest_prompt,),
-                   attention, MeshShape.of(config.inference.mesh).model)
+        pages_per_seq = -(-width // page_size)
+        pages = config.inference.kv_pages
+        if 0 < pages < pages_per_seq:
+            raise UsageError(f"inference.kv_pages: {pages} is not accepted; the pool must hold one longest sequence "
+                             f"({width} tokens: {pages_per_seq} pages of {page_size}), so at least {pages_per_seq}")
+        return cls(min(w.inference_batch, w.inference_slots), page_size, pages_per_seq, (longest_prompt,),
+                   attention, MeshShape.of(config.inference.mesh).model, pages)
 
     @classmethod
     def recorded(cls, shape: Mapping[str, Any]) -> EngineShape:
@@ -154,7 +162,7 @@ class EngineShape:
         except ValueError as e:
             raise UsageError(str(e).replace("trainer.mesh", "inference.mesh")) from None
         return Engine(model, mesh=mesh, max_slots=self.slots, page_size=self.page_size,
-                      num_pages=self.slots * self.pages_per_seq + 1,
+                      num_pages=(self.pages or self.slots * self.pages_per_seq) + 1,
                       max_seq_len=self.pages_per_seq * self.page_size, prefill_buckets=self.buckets,
                       attention_impl=self.attention)
 
