@@ -466,9 +466,11 @@ class TrainerConfig(Section):
             shape = MeshShape.of(self.mesh)
         except (TypeError, ValueError) as e:
             raise _fail("trainer.mesh", self.mesh, str(e)) from None
-        if shape.size > 1 and self.bounded:
-            raise _fail("trainer.mesh", self.mesh, "a mesh runs the whole-batch step only: it does not combine "
-                                                   "with micro_batch_size, logits_chunk or remat yet")
+        rows = shape.data * shape.fsdp
+        if rows > 1 and self.micro_batch_size % rows:
+            raise _fail("trainer.micro_batch_size", self.micro_batch_size,
+                        f"on trainer.mesh {shape.describe()} a micro-batch splits over its {rows} row shards: "
+                        f"give a multiple of {rows}")
         if self.deterministic_reduction and shape.model > 1:
             raise _fail("trainer.deterministic_reduction", self.deterministic_reduction,
                         "it fixes the order of the sums over the batch's rows (data, fsdp), not over the model "

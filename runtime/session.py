@@ -372,6 +372,8 @@ def make_trainer(session: Session, store, worker_id: str, *, gang=None, replay: 
     mesh = trainer_mesh(config)
     check_devices(gang, 1 if mesh is None else mesh.size)
     step = session.step_config
+    if mesh is not None:  # micro-batches take a share of every row shard
+        step = dataclasses.replace(step, row_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     if config.trainer.deterministic_reduction and mesh is not None:
         step = dataclasses.replace(step, fixed_order_mesh=mesh)
     return StepTrainer(worker_id, session.model, session.task, session.codec, store, step,

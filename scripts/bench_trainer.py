@@ -2,7 +2,7 @@
 
 Usage: python scripts/bench_trainer.py [--rows 256 32] [--width 1024] [--micro-batch 4]
                                        [--logits-chunk 32] [--repeats 9] [--warmup 3] [--baseline-ref REV]
-                                       [--no-memory] [--no-speed]
+                                       [--no-memory] [--no-speed] [--mesh-devices 2] [--mesh-run-rows 8]
 
 Memory: a decoder of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query heads, 2 kv heads,
 SwiGLU 4864, vocabulary 151,936, tied embeddings, q/k/v biases; random weights that are never
@@ -32,6 +32,12 @@ times each, each round starting with the next one; the figures are the medians, 
 instructions, without source locations): where they do, any difference in their times is the
 machine's noise. ``bounded_tok_s`` is the same step with micro-batches of 32 rows, chunks of 8 positions
 and remat (the memory settings on a model too small to need them: their cost in compute).
+
+Sharded and bounded: the same 0.5B-shaped step with ``trainer.mesh={fsdp=N}`` (``--mesh-devices``,
+default 2, CPU devices of a child process) and the memory settings above together: XLA's per-device
+temporaries of the compiled step at the first ``--rows`` count (``mesh_bounded_temp_gib``), and one
+step executed on random weights at ``--mesh-run-rows`` rows (``mesh_bounded_executed``: it ran and
+gave a finite, non-zero gradient norm; ``mesh_executed_s``).
 
 The last line printed is a JSON object with every figure.
 """
@@ -107,6 +113,68 @@ def step_memory(model: ModelConfig, rows: int, width: int, **memory) -> dict:
         "output_gib": analysis.output_size_in_bytes / GIB,
         "alias_gib": analysis.alias_size_in_bytes / GIB,
         "compile_s": seconds,
+    }
+
+
+def mesh_bounded(rows: int, width: int, run_rows: int, **memory) -> dict:
+    """The 0.5B-shaped step sharded over this process's devices (``trainer.mesh={fsdp=N}``) and
+    bounded (micro-batches, chunks, remat) together: XLA's per-device temporaries of the compiled
+    step at ``rows`` × ``width`` (nothing allocated), then one step executed at ``run_rows`` rows
+    on random weights, to show it runs."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from runtime.config import MeshShape
+    from runtime.trainer.mesh import make_mesh, param_spec, shard_rows
+
+    devices = jax.device_count()
+    mesh = make_mesh(MeshShape(fsdp=devices))
+    assert mesh is not None, "the mesh needs more than one device"
+    config = StepConfig(model=QWEN25_05B, objective=configure("grpo"), row_shards=devices, **memory)
+
+    def sharded(tree):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                 sharding=NamedSharding(mesh, param_spec(mesh, path, x.shape))), tree)
+
+    def by_rows(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(
+            mesh, PartitionSpec(("data", "fsdp")) if x.shape and x.shape[0] % devices == 0 else PartitionSpec())),
+            tree)
+
+    params = sharded(jax.eval_shape(lambda: init_params(QWEN25_05B, key=jax.random.key(0))))
+    opt_state = sharded(jax.eval_shape(make_optimizer(config).init, params))
+
+    def compile_for(n: int):
+        f32_BS = jax.ShapeDtypeStruct((n, width - 1), jnp.float32)
+        args = by_rows((batch_shapes(n, width), f32_BS, f32_BS, jax.ShapeDtypeStruct((n,), jnp.bool_)))
+        return train_step.lower(params, opt_state, *args, config=config).compile()
+
+    start = time.perf_counter()
+    analysis = compile_for(rows).memory_analysis()
+    compile_s = time.perf_counter() - start
+    assert analysis is not None, "this backend reports no memory analysis"
+    step = compile_for(run_rows)
+    shardings = jax.tree.map(lambda x: x.sharding, (params, opt_state))
+    p = jax.jit(lambda key: init_params(QWEN25_05B, key=key), out_shardings=shardings[0])(jax.random.key(0))
+    o = jax.jit(make_optimizer(config).init, out_shardings=shardings[1])(p)
+    gen = np.random.default_rng(0)
+    mask_BS = np.zeros((run_rows, width - 1), bool)
+    mask_BS[:, width // 2:] = True
+    batch = TrainBatch(tokens_BT=gen.integers(4, QWEN25_05B.vocab_size, (run_rows, width)).astype(np.int32),
+                       attention_BT=np.ones((run_rows, width), bool), mask_BS=mask_BS,
+                       behaviour_BS=np.where(mask_BS, -2.0, 0.0).astype(np.float32),
+                       rewards_MG=gen.integers(0, 2, (run_rows // GROUP_SIZE, GROUP_SIZE)).astype(np.float32),
+                       versions_B=np.zeros(run_rows, np.int32))
+    zeros = np.zeros((run_rows, width - 1), np.float32)
+    args = shard_rows(mesh, (batch, zeros, zeros, np.ones(run_rows, bool)))
+    start = time.perf_counter()
+    _, _, metrics = step(p, o, *args)
+    grad_norm = float(metrics["grad_norm"])
+    return {
+        "mesh_devices": devices, "mesh_rows": rows, "mesh_width": width, "mesh_settings": memory,
+        "mesh_bounded_temp_gib": analysis.temp_size_in_bytes / GIB, "mesh_compile_s": compile_s,
+        "mesh_bounded_executed": bool(np.isfinite(grad_norm) and grad_norm > 0), "mesh_executed_rows": run_rows,
+        "mesh_executed_s": time.perf_counter() - start, "mesh_executed_grad_norm": grad_norm,
     }
 
 
@@ -234,7 +302,15 @@ def main() -> None:
     parser.add_argument("--baseline-ref", default=BASELINE_REF)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--no-speed", action="store_true")
+    parser.add_argument("--mesh-devices", type=int, default=2,
+                        help="the sharded and bounded step's devices (0: skip it)")
+    parser.add_argument("--mesh-run-rows", type=int, default=GROUP_SIZE, help="rows of the executed sharded step")
+    parser.add_argument("--mesh-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    memory = dict(micro_batch_size=args.micro_batch, logits_chunk=args.logits_chunk, remat=True)
+    if args.mesh_child:  # a process with --mesh-devices CPU devices (XLA_FLAGS, set by the parent)
+        print(json.dumps(mesh_bounded(args.rows[0], args.width, args.mesh_run_rows, **memory)))
+        return
 
     result: dict = {
         "backend": jax.default_backend(),
@@ -243,7 +319,6 @@ def main() -> None:
         "jax": jax.__version__,
     }
     if not args.no_memory:
-        memory = dict(micro_batch_size=args.micro_batch, logits_chunk=args.logits_chunk, remat=True)
         runs = []
         for rows in args.rows:
             runs.append(step_memory(QWEN25_05B, rows, args.width, **memory))
@@ -259,6 +334,17 @@ def main() -> None:
             temp_ratio_256_vs_32=runs[0]["temp_gib"] / runs[-1]["temp_gib"],
             plain_logits_gib=args.rows[0] * args.width * QWEN25_05B.vocab_size * 4 / GIB,
         )
+    if args.mesh_devices > 1:
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.mesh_devices}"}
+        child = subprocess.run([sys.executable, os.path.abspath(__file__), "--mesh-child", "--rows", str(args.rows[0]),
+                                "--width", str(args.width), "--micro-batch", str(args.micro_batch),
+                                "--logits-chunk", str(args.logits_chunk), "--mesh-run-rows", str(args.mesh_run_rows)],
+                               env=env, capture_output=True, text=True, check=False)
+        if child.returncode != 0:
+            raise SystemExit(f"the sharded step failed: {child.stderr.strip().splitlines()[-1:]}")
+        mesh = json.loads(child.stdout.strip().splitlines()[-1])
+        print(json.dumps(mesh), flush=True)
+        result.update(mesh)
     if not args.no_speed:
         speed = step_speed(args.repeats, args.baseline_ref, args.warmup)
         print(json.dumps(speed), flush=True)

@@ -96,7 +96,9 @@ class StepConfig:
     log-prob mismatch metrics then cover the on-policy rows only). ``fixed_order_mesh``: the
     device mesh (``runtime.trainer.mesh``) over whose row shards the gradient is summed in a fixed
     order (``trainer.deterministic_reduction``, see :func:`_fixed_order_grads`); None, the
-    compiler's reductions.
+    compiler's reductions. ``row_shards``: the devices a batch's rows are split over (a mesh's
+    ``data × fsdp``); with micro-batches each one takes the same share of every shard's rows
+    (:func:`_split`), so every device works on every micro-batch and no rows move between them.
     """
 
     model: ModelConfig
@@ -119,6 +121,7 @@ class StepConfig:
     completion_window: int = 0
     prefix_per_octave: int = 1  # powers of two, what an unset trainer.prefix_per_octave reads as
     fixed_order_mesh: Any = None
+    row_shards: int = 1
 
     @classmethod
     def of(cls, trainer: TrainerConfig, *, model: ModelConfig, objective: Objective, temperature: float,
@@ -145,14 +148,16 @@ class StepConfig:
         return OptimizerConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimizerConfig)})
 
     def micro_batches(self, rows: int) -> int:
-        """How many micro-batches a batch of ``rows`` rows is split into (1: none)."""
+        """How many micro-batches a batch of ``rows`` rows is split into (1: none); on a mesh each
+        takes ``micro_batch_size / row_shards`` rows of every row shard."""
         m = self.micro_batch_size
         if m <= 0 or m >= rows:
             return 1
-        if rows % m:
+        if rows % m or m % self.row_shards:
             raise UsageError(
-                f"trainer.micro_batch_size={m} does not divide the batch of {rows} rows; "
-                "accepted: 0 (whole batch) or a divisor of the batch size"
+                f"trainer.micro_batch_size={m} does not divide the batch of {rows} rows into micro-batches "
+                f"that split over the mesh's {self.row_shards} row shards; accepted: 0 (whole batch) or a "
+                f"divisor of the batch size that is a multiple of {self.row_shards}"
             )
         return rows // m
 
@@ -258,13 +263,20 @@ def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS
     return token_logprobs_and_entropy(logits_BTV[:, :-1], tokens_BT[:, 1:], config.temperature)
 
 
-def _split(x, n: int):
-    """``[B, ...]`` as ``[n, B / n, ...]``: micro-batch ``i`` holds rows ``i·B/n ..``."""
-    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+def _split(x, n: int, shards: int = 1):
+    """``[B, ...]`` as ``[n, B / n, ...]``: the rows' ``shards`` equal blocks (a mesh's row shards)
+    each cut into ``n`` parts, micro-batch ``i`` holding part ``i`` of every block in block order
+    (with one block: rows ``i·B/n ..``). A reshape and a transpose: values move, none changes."""
+    B = x.shape[0]
+    parts = x.reshape((shards, n, B // (shards * n)) + x.shape[1:])
+    return jnp.swapaxes(parts, 0, 1).reshape((n, B // n) + x.shape[1:])
 
 
-def _merge(x):
-    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+def _merge(x, shards: int = 1):
+    """The inverse of :func:`_split`: ``[n, B / n, ...]`` back to the rows' order ``[B, ...]``."""
+    n, b = x.shape[:2]
+    parts = x.reshape((n, shards, b // shards) + x.shape[2:])
+    return jnp.swapaxes(parts, 0, 1).reshape((n * b,) + x.shape[2:])
 
 
 def _batched_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
@@ -276,10 +288,11 @@ def _batched_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_
         tokens_bT, attention_bT = inputs
         return _token_logprobs(params, tokens_bT, attention_bT, config)
 
+    k = config.row_shards
     logp_NbS, entropy_NbS = jax.lax.map(
-        micro_batch, (_split(tokens_BT, n), _split(attention_BT, n))
+        micro_batch, (_split(tokens_BT, n, k), _split(attention_BT, n, k))
     )
-    return _merge(logp_NbS), _merge(entropy_NbS)
+    return _merge(logp_NbS, k), _merge(entropy_NbS, k)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -350,6 +363,36 @@ def _preference(o, logp_BS, logp_ref_BS, mask_BS, rewards_MG):
     return loss, metrics
 
 
+def _bounded_grads(params, tokens_BT, attention_BT, cotangent_BS, config: StepConfig):
+    """``Σ g ∇θ ℓ`` over the rows, one micro-batch at a time (``accumulate``: the LM head in
+    chunks, the layers rematerialised with ``remat``); with one micro-batch and no memory bound,
+    plain autodiff of the log-probs."""
+    n = config.micro_batches(tokens_BT.shape[0])
+    if n == 1 and config.logits_chunk <= 0 and not config.remat:
+        _, vjp = jax.vjp(lambda q: _token_logprobs(q, tokens_BT, attention_BT, config)[0], params)
+        (g,) = vjp(cotangent_BS)
+        return g
+    chunk = config.logits_chunk if config.logits_chunk > 0 else tokens_BT.shape[1] - 1
+
+    def step_micro_batch(grads, inputs):
+        tokens_bT, attention_bT, cotangent_bS = inputs
+        grads = accumulate(
+            grads, params, tokens_bT, attention_bT, cotangent_bS, config=config.model,
+            chunk=chunk, temperature=config.temperature, remat=config.remat,
+        )
+        return grads, None
+
+    k = config.row_shards
+    micro_batches = (_split(tokens_BT, n, k), _split(attention_BT, n, k), _split(cotangent_BS, n, k))
+    # The zero gradient, made from 0·g (no constant to XLA: NaN for an infinite g) so that
+    # it is only allocated once the first pass is done, not beside it.
+    zero = cotangent_BS.reshape(-1)[0] * 0
+    grads, _ = jax.lax.scan(
+        step_micro_batch, jax.tree.map(lambda p: jnp.zeros_like(p) + zero.astype(p.dtype), params), micro_batches,
+    )
+    return grads
+
+
 def _fixed_order_grads(params, batch: TrainBatch, objective, config: StepConfig):
     """``(loss, metrics, grads)`` with the gradient summed over the mesh's row shards in a fixed
     order, whatever the devices' layout over processes.
@@ -368,9 +411,13 @@ def _fixed_order_grads(params, batch: TrainBatch, objective, config: StepConfig)
 
     mesh = config.fixed_order_mesh
     rows, whole = P(ROWS), P()
+    # Each device's rows, micro-batched as the whole batch would be: the same number of
+    # micro-batches, each of its share of the rows.
+    local = dataclasses.replace(config, fixed_order_mesh=None, row_shards=1,
+                                micro_batch_size=config.micro_batch_size // config.row_shards)
 
     def local_logprobs(p, tokens_bT, attention_bT):
-        return _token_logprobs(p, tokens_bT, attention_bT, config)
+        return _batched_logprobs(p, tokens_bT, attention_bT, local)
 
     logp_BS, entropy_BS = jax.shard_map(
         local_logprobs, mesh=mesh, in_specs=(whole, rows, rows), out_specs=(rows, rows), check_vma=False,
@@ -378,8 +425,7 @@ def _fixed_order_grads(params, batch: TrainBatch, objective, config: StepConfig)
     (loss, metrics), cotangent_BS = jax.value_and_grad(objective, has_aux=True)(logp_BS, entropy_BS)
 
     def local_grads(p, tokens_bT, attention_bT, cotangent_bS):
-        _, vjp = jax.vjp(lambda q: _token_logprobs(q, tokens_bT, attention_bT, config)[0], p)
-        (g,) = vjp(cotangent_bS)
+        g = _bounded_grads(p, tokens_bT, attention_bT, cotangent_bS, local)
         return jax.tree.map(lambda x: jnp.sum(jax.lax.all_gather(x, ROWS), axis=0), g)
 
     grads = jax.shard_map(
@@ -450,28 +496,7 @@ def train_step(
         (loss, metrics), cotangent_BS = jax.value_and_grad(objective, has_aux=True)(
             logp_BS, entropy_BS
         )
-
-        chunk = config.logits_chunk if config.logits_chunk > 0 else batch.tokens_BT.shape[1] - 1
-
-        def step_micro_batch(grads, inputs):
-            tokens_bT, attention_bT, cotangent_bS = inputs
-            grads = accumulate(
-                grads, params, tokens_bT, attention_bT, cotangent_bS, config=config.model,
-                chunk=chunk, temperature=config.temperature, remat=config.remat,
-            )
-            return grads, None
-
-        micro_batches = (
-            _split(batch.tokens_BT, n), _split(batch.attention_BT, n), _split(cotangent_BS, n)
-        )
-        # The zero gradient, made from 0·g (no constant to XLA: NaN for an infinite g) so that
-        # it is only allocated once the first pass is done, not beside it.
-        zero = cotangent_BS.reshape(-1)[0] * 0
-        grads, _ = jax.lax.scan(
-            step_micro_batch,
-            jax.tree.map(lambda p: jnp.zeros_like(p) + zero.astype(p.dtype), params),
-            micro_batches,
-        )
+        grads = _bounded_grads(params, batch.tokens_BT, batch.attention_BT, cotangent_BS, config)
     if n == 1:
         updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
