@@ -135,13 +135,17 @@ def test_the_rules_place_every_parameter_and_the_sharded_step_matches_the_unshar
         assert r["again"]  # the same mesh, the same bits
 
 
-@pytest.fixture(scope="module", params=[(2, {"fsdp": 2}), (4, {"data": 2, "model": 2})], ids=["2-fsdp", "4-data-model"])
+BOUNDED = ("trainer.micro_batch_size=4", "trainer.logits_chunk=4", "trainer.remat=true")
+
+
+@pytest.fixture(scope="module", params=[(2, {"fsdp": 2}, ()), (4, {"data": 2, "model": 2}, ()), (2, {"fsdp": 2}, BOUNDED)],
+                ids=["2-fsdp", "4-data-model", "2-fsdp-bounded"])
 def mesh_runs(request, tmp_path_factory) -> dict:
-    """Two CPU devices with ``trainer.mesh={fsdp=2}``, four with ``{data=2,model=2}``: an
-    uninterrupted run of 4 steps, and one killed in its second train step and resumed. The tests
-    below check each outcome separately."""
-    devices, mesh = request.param
-    tmp = tmp_path_factory.mktemp(f"mesh{devices}")
+    """Two CPU devices with ``trainer.mesh={fsdp=2}``, four with ``{data=2,model=2}``, two with
+    ``{fsdp=2}`` and micro-batches, logits chunks and remat: an uninterrupted run of 4 steps, and
+    one killed in its second train step and resumed. The tests below check each outcome separately."""
+    devices, mesh, bounds = request.param
+    tmp = tmp_path_factory.mktemp(f"mesh{devices}{'-bounded' if bounds else ''}")
     table = "{" + ",".join(f"{axis}={n}" for axis, n in mesh.items()) + "}"
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -152,7 +156,7 @@ def mesh_runs(request, tmp_path_factory) -> dict:
 
     def start(out, failpoint=None):
         argv = ["run", "--out", out, "--steps", "4", "--no-progress"]
-        for o in [*TINY, "workers.mode=threads", "eval.every_steps=0", f"trainer.mesh={table}",
+        for o in [*TINY, "workers.mode=threads", "eval.every_steps=0", f"trainer.mesh={table}", *bounds,
                   f'pretrain.cache_dir="{tmp / "warm"}"']:
             argv += ["--set", o]
         return rlx(*argv, failpoint=failpoint)
