@@ -429,7 +429,12 @@ class TrainerConfig(Section):
     ``deterministic_reduction``: on a mesh, sum the gradient over the row shards in a fixed order
     (all-gather, then a sum in shard order) instead of the collective's own order, so that the
     bits do not depend on how the devices are spread over processes (1 × 4, 2 × 2 and 4 × 1 alike);
-    it costs a second forward pass and the whole gradient on every device."""
+    it costs a second forward pass and the whole gradient on every device. ``pack``: put several
+    sequences into each row of the step (first fit by decreasing length, each attending only within
+    itself, ``runtime.trainer.batch.pack_bins``) instead of one padded row each: the same per-token
+    values up to float rounding, less padding computed when lengths differ; it replaces the shared
+    prefix and the completion window (which need a group's rows side by side). A run logged before
+    it existed reads as false."""
 
     NAME = "trainer"
     learning_rate: float = 2e-4
@@ -445,6 +450,7 @@ class TrainerConfig(Section):
     prefix_per_octave: int | None = None
     mesh: dict = dataclasses.field(default_factory=dict)
     deterministic_reduction: bool = False
+    pack: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -457,6 +463,12 @@ class TrainerConfig(Section):
                 raise _fail(f"trainer.{name}", getattr(self, name),
                             "it works on the whole-batch step only: false, or unset with micro_batch_size, "
                             "logits_chunk or remat")
+            if getattr(self, name) and self.pack:
+                raise _fail(f"trainer.{name}", getattr(self, name),
+                            "it works on padded rows (a group's rows side by side): false, or unset with trainer.pack")
+        if self.pack and self.deterministic_reduction:
+            raise _fail("trainer.pack", self.pack, "the fixed-order reduction sums padded rows: set "
+                                                   "trainer.deterministic_reduction=false, or trainer.pack=false")
         if self.old_logprobs is not None:
             self._choice("old_logprobs", OLD_LOGPROBS)
         octave = self.prefix_per_octave
@@ -822,11 +834,11 @@ class Config:
                                                  "pass@k needs k samples")
         trainer = self.trainer
         if trainer.shared_prefix is None:
-            trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded)
+            trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded and not trainer.pack)
         if trainer.prefix_per_octave is None:
             trainer = dataclasses.replace(trainer, prefix_per_octave=8)
         if trainer.completion_logits is None:
-            trainer = dataclasses.replace(trainer, completion_logits=not trainer.bounded)
+            trainer = dataclasses.replace(trainer, completion_logits=not trainer.bounded and not trainer.pack)
         if trainer.old_logprobs is None:
             trainer = dataclasses.replace(
                 trainer, old_logprobs="behaviour" if self.model.dtype == "float32" else "recompute"

@@ -152,9 +152,20 @@ def _apply(config, params, tokens_BT, positions_BT, attends, select_B=None, head
 
 
 def _positions_and_mask(shape_BT, attention_mask_BT):
-    """Positions and the causal attention mask of a padded batch (see ``forward``)."""
+    """Positions and the causal attention mask of a padded batch (see ``forward``); for integer
+    segment ids (a packed batch: each row several sequences numbered from 1, 0 on padding), each
+    sequence's own positions from 0 and attention within it only."""
     if attention_mask_BT is None:
         attention_mask_BT = jnp.ones(shape_BT, bool)
+    if jnp.issubdtype(attention_mask_BT.dtype, jnp.integer):
+        segments_BT = attention_mask_BT
+        valid_BT = segments_BT > 0
+        t_T = jnp.arange(shape_BT[1])
+        starts_BT = valid_BT & (segments_BT != jnp.pad(segments_BT, ((0, 0), (1, 0)))[:, :-1])
+        first_BT = jax.lax.cummax(jnp.where(starts_BT, t_T[None, :], 0), axis=1)
+        positions_BT = jnp.where(valid_BT, t_T[None, :] - first_BT, 0)
+        same_BTS = segments_BT[:, :, None] == segments_BT[:, None, :]
+        return positions_BT, causal_mask(valid_BT) & same_BTS
     valid_BT = attention_mask_BT.astype(bool)
     return jnp.maximum(jnp.cumsum(valid_BT, axis=1) - 1, 0), causal_mask(valid_BT)
 

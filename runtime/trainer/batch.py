@@ -45,6 +45,10 @@ class TrainBatch:
       behaviour_BS: float32 ``[B, T-1]`` the engine's log-probs of those targets (0 elsewhere).
       rewards_MG: float32 ``[M, G]`` sequence rewards by group.
       versions_B: int32 policy version each row was sampled from.
+      rows_BS: packed batches only (:func:`pack_bins`): int32 ``[B, T-1]``, where each row's
+        target lies among the packed rows' targets (flattened ``[N·(W-1)]``); ``tokens_BT`` and
+        ``attention_BT`` are then the ``N`` packed rows (``attention_BT`` their int32 segment ids,
+        0 on padding), and every other field stays by row. None for a padded batch.
     """
 
     tokens_BT: np.ndarray | jax.Array
@@ -53,15 +57,20 @@ class TrainBatch:
     behaviour_BS: np.ndarray | jax.Array
     rewards_MG: np.ndarray | jax.Array
     versions_B: np.ndarray | jax.Array
+    rows_BS: np.ndarray | jax.Array | None = None
 
     @property
     def size(self) -> int:
+        """Rows of the step's forward: the packed rows of a packed batch."""
         return int(self.tokens_BT.shape[0])
 
     def digest(self) -> str:
-        """sha256 over every array's dtype, shape and bytes, in field order."""
+        """sha256 over every array's dtype, shape and bytes, in field order (a padded batch's
+        absent ``rows_BS`` adds nothing: its digest is what it was before packing existed)."""
         h = hashlib.sha256()
         for f in dataclasses.fields(self):
+            if getattr(self, f.name) is None:
+                continue
             a = np.ascontiguousarray(getattr(self, f.name))
             h.update(f"{f.name}:{a.dtype.str}:{a.shape};".encode())
             h.update(a.tobytes())
@@ -118,3 +127,44 @@ def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int,
     rewards = np.asarray([s.reward for s in samples], np.float32).reshape(-1, group_size)
     versions = np.asarray([s.policy_version for s in samples], np.int32)
     return TrainBatch(tokens, attention, mask, behaviour, rewards, versions)
+
+
+def pack_bins(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int, multiple: int = 1) -> TrainBatch:
+    """``samples`` packed into rows of ``width`` tokens, several sequences to a row.
+
+    First fit by decreasing length (ties by sample order, so the packing is a pure function of the
+    samples): each sequence (prompt + completion) goes into the first row with room for it. Each
+    row's sequences are numbered 1, 2, … in ``attention_BT`` (0 on padding), so that the model
+    gives each its own positions from 0 and lets it attend only within itself: its tokens get the
+    log-probs a padded row of their own would give, up to the rounding of matmuls of other shapes.
+    The number of rows is rounded up to a multiple of ``multiple`` (empty rows are padding), so that
+    batches of similar lengths share one compiled step. ``mask_BS``, ``behaviour_BS``, the rewards
+    and versions stay by sample, in the padded layout of width ``width``; ``rows_BS`` says where
+    each sample's targets are among the packed rows'.
+    """
+    padded = pack(samples, group_size=group_size, width=width, pad_id=pad_id)
+    lengths = [len(s.prompt) + len(s.completion) for s in samples]
+    rows: list[list[int]] = []  # sample indices per packed row
+    room: list[int] = []
+    for i in sorted(range(len(samples)), key=lambda i: (-lengths[i], i)):
+        at = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if at is None:
+            rows.append([])
+            room.append(width)
+            at = len(rows) - 1
+        rows[at].append(i)
+        room[at] -= lengths[i]
+    N = -(-len(rows) // multiple) * multiple
+    tokens = np.full((N, width), pad_id, np.int32)
+    segments = np.zeros((N, width), np.int32)
+    where = np.zeros(padded.mask_BS.shape, np.int32)
+    S = width - 1
+    for n, members in enumerate(rows):
+        offset = 0
+        for k, i in enumerate(members, 1):
+            L = lengths[i]
+            tokens[n, offset:offset + L] = padded.tokens_BT[i, :L]
+            segments[n, offset:offset + L] = k
+            where[i, : L - 1] = n * S + offset + np.arange(L - 1)
+            offset += L
+    return dataclasses.replace(padded, tokens_BT=tokens, attention_BT=segments, rows_BS=where)

@@ -96,7 +96,9 @@ class StepConfig:
     log-prob mismatch metrics then cover the on-policy rows only). ``fixed_order_mesh``: the
     device mesh (``runtime.trainer.mesh``) over whose row shards the gradient is summed in a fixed
     order (``trainer.deterministic_reduction``, see :func:`_fixed_order_grads`); None, the
-    compiler's reductions. ``row_shards``: the devices a batch's rows are split over (a mesh's
+    compiler's reductions. ``pack``: the trainer packs several sequences into each row
+    (``runtime.trainer.batch.pack_bins``); the forward runs over the packed rows and the objective
+    sees each sample's values gathered back by row (:func:`_unpacked`). ``row_shards``: the devices a batch's rows are split over (a mesh's
     ``data × fsdp``); with micro-batches each one takes the same share of every shard's rows
     (:func:`_split`), so every device works on every micro-batch and no rows move between them.
     """
@@ -122,6 +124,7 @@ class StepConfig:
     prefix_per_octave: int = 1  # powers of two, what an unset trainer.prefix_per_octave reads as
     fixed_order_mesh: Any = None
     row_shards: int = 1
+    pack: bool = False
 
     @classmethod
     def of(cls, trainer: TrainerConfig, *, model: ModelConfig, objective: Objective, temperature: float,
@@ -295,10 +298,27 @@ def _batched_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_
     return _merge(logp_NbS, k), _merge(entropy_NbS, k)
 
 
+def _unpacked(x_NS, rows_BS, mask_BS):
+    """Per-target values of the packed rows ``[N, W-1]`` gathered back by sample ``[B, T-1]``: each
+    sample's targets where ``mask_BS`` is True, 0 elsewhere (so no gradient flows from there)."""
+    return jnp.where(mask_BS, jnp.take(x_NS.reshape(-1), rows_BS), 0.0)
+
+
+def _packed(g_BS, rows_BS, mask_BS, shape_NS):
+    """The per-sample cotangent ``[B, T-1]`` spread onto the packed rows' targets ``[N, W-1]``
+    (the transpose of :func:`_unpacked`: every sample target has one place, so nothing is summed)."""
+    flat = jnp.zeros(shape_NS[0] * shape_NS[1], g_BS.dtype)
+    return flat.at[rows_BS.reshape(-1)].add(jnp.where(mask_BS, g_BS, 0.0).reshape(-1)).reshape(shape_NS)
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
-def score(params, tokens_BT, attention_BT, mask_BS=None, *, config: StepConfig) -> jax.Array:
+def score(params, tokens_BT, attention_BT, mask_BS=None, rows_BS=None, *, config: StepConfig) -> jax.Array:
     """Log-probs ``[B, T-1]`` of the targets ``tokens[:, 1:]`` under ``params`` (no gradient); with
-    ``mask_BS``, those the train step computes (its ``completion_window``; 0 outside it)."""
+    ``mask_BS``, those the train step computes (its ``completion_window``; 0 outside it); with
+    ``rows_BS``, of a packed batch's samples (``TrainBatch.rows_BS``)."""
+    if rows_BS is not None:
+        logp_NS, _ = _batched_logprobs(params, tokens_BT, attention_BT, config)
+        return _unpacked(logp_NS, rows_BS, mask_BS)
     logp_BS, _ = _batched_logprobs(params, tokens_BT, attention_BT, config, mask_BS)
     return logp_BS
 
@@ -482,20 +502,26 @@ def train_step(
         return loss, metrics
 
     n = config.micro_batches(batch.size)
+    rows_BS = batch.rows_BS
+
+    def by_sample(logp, entropy):  # a packed batch's per-target values, gathered back by sample
+        if rows_BS is None:
+            return logp, entropy
+        return _unpacked(logp, rows_BS, mask_BS), _unpacked(entropy, rows_BS, mask_BS)
+
     if config.fixed_order_mesh is not None:
         loss, metrics, grads = _fixed_order_grads(params, batch, objective, config)
     elif n == 1:
         def loss_fn(p):
-            return objective(*_token_logprobs(p, batch.tokens_BT, batch.attention_BT, config, batch.mask_BS))
+            window = None if rows_BS is not None else batch.mask_BS
+            return objective(*by_sample(*_token_logprobs(p, batch.tokens_BT, batch.attention_BT, config, window)))
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     else:
-        logp_BS, entropy_BS = _batched_logprobs(
-            sg(params), batch.tokens_BT, batch.attention_BT, config
-        )
-        (loss, metrics), cotangent_BS = jax.value_and_grad(objective, has_aux=True)(
-            logp_BS, entropy_BS
-        )
+        logp, entropy = _batched_logprobs(sg(params), batch.tokens_BT, batch.attention_BT, config)
+        (loss, metrics), cotangent_BS = jax.value_and_grad(objective, has_aux=True)(*by_sample(logp, entropy))
+        if rows_BS is not None:
+            cotangent_BS = _packed(cotangent_BS, rows_BS, mask_BS, logp.shape)
         grads = _bounded_grads(params, batch.tokens_BT, batch.attention_BT, cotangent_BS, config)
     if n == 1:
         updates, opt_state = make_optimizer(config).update(grads, opt_state, params)

@@ -9,6 +9,7 @@ runs the pure ``train_step``, puts version ``s`` and answers with ``TrainStepCom
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from runtime.failpoints import failpoint
 from runtime.model import Model
 from runtime.params import ParamStore
 from runtime.tasks.base import Task, TextCodec
-from runtime.trainer.batch import Sample, pack, shared_prefix
+from runtime.trainer.batch import Sample, pack, pack_bins, shared_prefix
 from runtime.trainer.mesh import shard_rows, shard_tree, to_host
 from runtime.trainer.step import StepConfig, finite_leaves, make_optimizer, score, train_step
 
@@ -136,9 +137,14 @@ class StepTrainer:
                 reward=float(r.outcome.reward),
                 policy_version=int(r.completion.policy_version),
             ))
-        batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id,
-                     window=self.config.completion_window)
         config = self.step_config(samples)
+        if config.pack:  # rows a multiple of the row shards and micro-batches, and of an eighth of the batch
+            multiple = math.lcm(config.row_shards, max(config.micro_batch_size, 1), max(1, len(samples) // 8))
+            batch = pack_bins(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id,
+                              multiple=multiple)
+        else:
+            batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id,
+                         window=self.config.completion_window)
         device_batch = shard_rows(self.mesh, batch)
         current = batch.versions_B == task.parent_version
         logp_old = np.zeros(batch.mask_BS.shape, np.float32)
@@ -154,11 +160,12 @@ class StepTrainer:
                     f"step {task.step} needs version {v} for the old log-probs of its rollouts, but the "
                     f"parameter store no longer has it (stored: {list(self.store.versions())})"
                 )
-            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS, config=config)
+            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS,
+                            device_batch.rows_BS, config=config)
             logp_old[rows] = to_host(logp_BS)[rows]
         if self.config.needs_reference:
             logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS,
-                             config=config)
+                             device_batch.rows_BS, config=config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
         current, logp_old, logp_ref = shard_rows(self.mesh, (current, logp_old, logp_ref))
