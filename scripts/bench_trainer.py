@@ -2,7 +2,8 @@
 
 Usage: python scripts/bench_trainer.py [--rows 256 32] [--width 1024] [--micro-batch 4]
                                        [--logits-chunk 32] [--repeats 9] [--warmup 3] [--baseline-ref REV]
-                                       [--no-memory] [--no-speed] [--mesh-devices 2] [--mesh-run-rows 8]
+                                       [--no-memory] [--no-speed] [--no-packing] [--mesh-devices 2]
+                                       [--mesh-run-rows 8]
 
 Memory: a decoder of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query heads, 2 kv heads,
 SwiGLU 4864, vocabulary 151,936, tied embeddings, q/k/v biases; random weights that are never
@@ -32,6 +33,11 @@ times each, each round starting with the next one; the figures are the medians, 
 instructions, without source locations): where they do, any difference in their times is the
 machine's noise. ``bounded_tok_s`` is the same step with micro-batches of 32 rows, chunks of 8 positions
 and remat (the memory settings on a model too small to need them: their cost in compute).
+
+Packing: one batch of 32 rows of log-normal lengths (prompts of 32–128 tokens, completions of median
+64 and at most 512) through the padded step and the packed one (``trainer.pack``) on a small decoder
+(4 layers of width 256): ``packed_over_padded`` is the median over alternated rounds of the padded
+step's time over the packed one's (the same real tokens each).
 
 Sharded and bounded: the same 0.5B-shaped step with ``trainer.mesh={fsdp=N}`` (``--mesh-devices``,
 default 2, CPU devices of a child process) and the memory settings above together: XLA's per-device
@@ -178,6 +184,67 @@ def mesh_bounded(rows: int, width: int, run_rows: int, **memory) -> dict:
     }
 
 
+PACK_MODEL = ModelConfig(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+                         intermediate_size=688)
+
+
+def packing_speed(repeats: int, rows: int = 32, seed: int = 0) -> dict:
+    """The same batch of log-normal lengths (prompts of 32–128 tokens, completions drawn
+    log-normally with median 64 and at most 512) through the padded step and the packed one
+    (``trainer.pack``), on a small decoder; tokens/s counts the real tokens. Alternated
+    ``repeats`` times after a compile and a warm-up each; medians, and the median of each round's
+    ratio."""
+    from runtime.trainer import Sample, pack, pack_bins
+
+    gen = np.random.default_rng(seed)
+    samples = []
+    for _ in range(rows // GROUP_SIZE):
+        prompt = gen.integers(4, PACK_MODEL.vocab_size, int(gen.integers(32, 129))).astype(np.int32)
+        for _ in range(GROUP_SIZE):
+            c = int(min(512, max(1, round(gen.lognormal(np.log(64), 0.8)))))
+            samples.append(Sample(prompt, gen.integers(4, PACK_MODEL.vocab_size, c).astype(np.int32),
+                                  np.full(c, -1.0, np.float32), float(gen.random() < 0.5), 0))
+    width = max(len(s.prompt) + len(s.completion) for s in samples)
+    real = sum(len(s.prompt) + len(s.completion) for s in samples)
+    config = StepConfig(model=PACK_MODEL, objective=configure("grpo"))
+    batches = {"padded": (pack(samples, group_size=GROUP_SIZE, width=width, pad_id=0), config),
+               "packed": (pack_bins(samples, group_size=GROUP_SIZE, width=width, pad_id=0, multiple=4),
+                          StepConfig(model=PACK_MODEL, objective=configure("grpo"), pack=True))}
+    params = init_params(PACK_MODEL, key=jax.random.key(seed))
+    zeros = jnp.zeros((rows, width - 1), jnp.float32)
+    current = jnp.ones((rows,), bool)
+    compiled = {}
+    for name, (batch, cfg) in batches.items():
+        p = jax.tree.map(jnp.array, params)
+        o = make_optimizer(cfg).init(p)
+        b = jax.device_put(batch)
+        fn = train_step.lower(p, o, b, zeros, zeros, current, config=cfg).compile()
+        compiled[name] = (fn, p, o, b)
+
+    def once(name: str) -> float:
+        fn, p, o, b = compiled[name]
+        start = time.perf_counter()
+        out = fn(jax.tree.map(jnp.copy, p), jax.tree.map(jnp.copy, o), b, zeros, zeros, current)
+        jax.block_until_ready(out)
+        return time.perf_counter() - start
+
+    for name in compiled:
+        once(name)
+    times: dict[str, list[float]] = {"padded": [], "packed": []}
+    ratios = []
+    for _ in range(repeats):
+        for name in times:
+            times[name].append(once(name))
+        ratios.append(times["padded"][-1] / times["packed"][-1])
+    median = {name: statistics.median(t) for name, t in times.items()}
+    return {
+        "packing_rows": rows, "packing_width": width, "packing_real_tokens": real,
+        "packed_rows": int(batches["packed"][0].tokens_BT.shape[0]),
+        "padded_tokens_s": real / median["padded"], "packed_tokens_s": real / median["packed"],
+        "packed_over_padded": statistics.median(ratios),
+    }
+
+
 def load_baseline_step(ref: str):
     """``runtime/trainer/step.py`` as it is at git revision ``ref``, imported as its own module."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,6 +373,7 @@ def main() -> None:
                         help="the sharded and bounded step's devices (0: skip it)")
     parser.add_argument("--mesh-run-rows", type=int, default=GROUP_SIZE, help="rows of the executed sharded step")
     parser.add_argument("--mesh-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-packing", action="store_true")
     args = parser.parse_args()
     memory = dict(micro_batch_size=args.micro_batch, logits_chunk=args.logits_chunk, remat=True)
     if args.mesh_child:  # a process with --mesh-devices CPU devices (XLA_FLAGS, set by the parent)
@@ -334,6 +402,10 @@ def main() -> None:
             temp_ratio_256_vs_32=runs[0]["temp_gib"] / runs[-1]["temp_gib"],
             plain_logits_gib=args.rows[0] * args.width * QWEN25_05B.vocab_size * 4 / GIB,
         )
+    if not args.no_packing:
+        packing = packing_speed(args.repeats)
+        print(json.dumps(packing), flush=True)
+        result.update(packing)
     if args.mesh_devices > 1:
         env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.mesh_devices}"}
         child = subprocess.run([sys.executable, os.path.abspath(__file__), "--mesh-child", "--rows", str(args.rows[0]),
