@@ -349,8 +349,15 @@ def plan(spec: Any, needs: Needs, inv: Inventory, *, deterministic: bool = False
             at += n
     else:
         for name, n in wanted:
-            if n > inv.count and inv.backend != CPU:
-                raise _fail(spec, f"{name} takes {n} devices but this host has {inv.count} {inv.backend}")
+            # On the CPU a gang's ranks may together take more devices than the host has (each rank
+            # its own views of the cores); no process may take more than the host has.
+            per_process = n // needs.trainer_processes if name == TRAINER else n
+            if per_process > inv.count or (n > inv.count and inv.backend != CPU):
+                mesh = "trainer.mesh" if name == TRAINER else "inference.mesh"
+                hint = (f"; on CPU, XLA_FLAGS={HOST_COUNT_FLAG}={per_process} gives it as many"
+                        if inv.backend == CPU else "")
+                raise _fail(spec, f"{name} takes {n} devices ({mesh}) but this host has {inv.count} "
+                                  f"{inv.backend}{hint}")
             placed[name] = tuple(range(n))  # on the CPU, ids past the host's count are more views of its cores
     trainer = named.get(TRAINER, placed.get(TRAINER, ()))
     inference = named.get(INFERENCE) or tuple(placed[f"{INFERENCE}-{n}"] for n in range(needs.inference_workers))
@@ -396,7 +403,8 @@ def for_run(config, *, new: bool, inv: Inventory | None = None) -> Layout:
     logged run's reads as ``"inherit"``); a threads-mode run is one process, which sees every device."""
     from runtime.config import DETERMINISTIC, PROCESSES
 
-    spec = config.workers.devices if config.workers.mode == PROCESSES else INHERIT
+    devices = config.workers.devices
+    spec = devices if config.workers.mode == PROCESSES else INHERIT
     if spec is None and new:
         spec = AUTO
     inv = inventory() if inv is None else inv

@@ -112,6 +112,8 @@ class Engine:
         records.
       decode_steps: most decode steps per device call (see the module docstring). More save host
         round trips; fewer waste less of a slot whose request stops early on a stop token.
+      share_prompts: requests admitted together with the same prompt are prefilled once (the
+        others get copies); False prefills each (the same bits, for measuring what sharing saves).
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class Engine:
         attention_impl: str = "reference",
         decode_steps: int = DEFAULT_DECODE_STEPS,
         mesh=None,
+        share_prompts: bool = True,
     ):
         self.config = model.config
         self.max_slots = _positive_int("max_slots", max_slots)
@@ -158,6 +161,7 @@ class Engine:
         self.attention_impl = attention_impl
         self.decode_steps = _positive_int("decode_steps", decode_steps)
         self.mesh = mesh
+        self.share_prompts = share_prompts
         self._given_shape = _shape_of(model.params)
         self._params = self._place(compute_params(model.params, self.config))
         self._params_shape = _shape_of(self._params, sharded=mesh is not None)
@@ -419,7 +423,7 @@ class Engine:
         copies: list[tuple[int, int, int, int]] = []  # (request, slot, source request, source slot)
         for request, slot in admitted:
             prompt = prompts[request]
-            origin = first.setdefault(prompt.tobytes(), (request, slot))
+            origin = first.setdefault(prompt.tobytes(), (request, slot)) if self.share_prompts else (request, slot)
             if origin != (request, slot):
                 copies.append((request, slot, *origin))
                 continue

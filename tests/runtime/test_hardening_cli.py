@@ -52,7 +52,8 @@ CASES = [
     ('run --out {tmp}/o --steps 1 --set log.tensorboard="/proc/x"', {},
      "log.tensorboard '/proc/x' cannot be written: '/proc' takes no new files"),
     ("run --out {tmp}/o --steps 1 --set trainer.mesh={{data=64}} " + FAST, {},
-     "trainer.mesh data=64 needs 64 devices and this process has"),
+     "trainer takes 64 devices (trainer.mesh) but this host has 1 cpu; on CPU, "
+     "XLA_FLAGS=--xla_force_host_platform_device_count=64 gives it as many"),
     # the environment, for every command
     ("run --out {tmp}/o --steps 1", {"RLX_FAILPOINTS": "garbage", **SWITCHED}, "RLX_FAILPOINTS item 'garbage'"),
     ("ledger stats {run}", {"RLX_FAILPOINTS": "x@0", **SWITCHED}, "RLX_FAILPOINTS item 'x@0' is not accepted"),

@@ -74,8 +74,10 @@ def test_too_few_devices_share_on_a_gpu_by_memory_share_and_on_the_cpu_as_views_
     with pytest.raises(UsageError) as e:
         plan("auto", _needs(trainer=4, workers=1), TPU4)  # 4 + 1 + 1 chips on a 4-chip host
     assert "a chip serves one process" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(UsageError, match="takes 2 devices but this host has 1 gpu"):
+    with pytest.raises(UsageError, match=r"takes 2 devices \(trainer.mesh\) but this host has 1 gpu"):
         plan("auto", _needs(trainer=2), GPU1)
+    with pytest.raises(UsageError, match="count=4 gives it as many"):  # one process past the host's CPU devices
+        plan("auto", _needs(trainer=4), Inventory("cpu", 1))
 
 
 @pytest.mark.parametrize(("spec", "needs", "inv", "words"), [
