@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from runtime.errors import RlxError
-from runtime.trainer import Sample, TrainBatch, pack
+from runtime.trainer import Sample, TrainBatch, pack, pack_bins
 
 PAD = 0
 
@@ -40,10 +40,11 @@ def test_one_row_layout_written_out():
     np.testing.assert_array_equal(b.behaviour_BS, np.float32([[0, -0.1, -0.2, -0.3, 0]]))
     np.testing.assert_array_equal(b.rewards_MG, np.float32([[0.5]]))
     np.testing.assert_array_equal(b.versions_B, [3])
-    assert [(f.name, getattr(b, f.name).dtype) for f in dataclasses.fields(b)] == [
+    assert [(f.name, getattr(b, f.name).dtype) for f in dataclasses.fields(b) if f.name != "rows_BS"] == [
         ("tokens_BT", np.int32), ("attention_BT", bool), ("mask_BS", bool),
         ("behaviour_BS", np.float32), ("rewards_MG", np.float32), ("versions_B", np.int32),
     ]
+    assert b.rows_BS is None  # a padded batch: each row its own sample
 
 
 def test_edge_lengths_one_token_and_full_width():
@@ -83,8 +84,8 @@ def test_rows_and_groups_keep_the_given_order():
 
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(TrainBatch)])
 def test_digest_covers_every_field(field):
-    b = pack([sample([1, 2], [3, 4], reward=1.0), sample([1], [5], reward=0.0)],
-             group_size=2, width=5, pad_id=PAD)
+    samples = [sample([1, 2], [3, 4], reward=1.0), sample([1], [5], reward=0.0)]
+    b = (pack_bins if field == "rows_BS" else pack)(samples, group_size=2, width=5, pad_id=PAD)
     a = getattr(b, field).copy()
     a.reshape(-1)[-1] = a.reshape(-1)[-1] + 1 if a.dtype != bool else ~a.reshape(-1)[-1]
     assert dataclasses.replace(b, **{field: a}).digest() != b.digest()

@@ -24,6 +24,7 @@ BOUNDED = TrainerConfig(learning_rate=3e-3, weight_decay=0.01, max_grad_norm=0.5
                         micro_batch_size=2, logits_chunk=16, remat=True, shared_prefix=False,
                         old_logprobs="behaviour", prefix_per_octave=2)
 SHARED = TrainerConfig(learning_rate=5e-5, shared_prefix=True, old_logprobs="recompute", prefix_per_octave=4)
+PACKED = TrainerConfig(pack=True, shared_prefix=False, old_logprobs="behaviour", prefix_per_octave=1)
 
 
 def _step(trainer: TrainerConfig) -> StepConfig:
@@ -59,7 +60,7 @@ def test_an_unset_field_reads_as_a_run_logged_before_it_existed():
 def test_every_mirrored_field_takes_the_sections_value():
     default = StepConfig(model=MODEL, objective=OBJECTIVE)
     moved = set()
-    for section in (BOUNDED, SHARED):
+    for section in (BOUNDED, SHARED, PACKED):
         step = _step(section)
         for name, section_name in SECTION_FIELDS.items():
             assert getattr(step, name) == getattr(section, section_name), name
