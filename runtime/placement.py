@@ -192,17 +192,14 @@ class Layout:
         if self.inherit:
             return f"devices: every process sees this one's ({self.inventory.count} {self.inventory.backend})"
 
-        def ids(t: Sequence[int]) -> str:
-            return ",".join(map(str, t)) or "-"
-
-        parts = [f"trainer {' | '.join(ids(r) for r in self.trainer)}",
-                 *(f"inference-{n} {ids(w)}" for n, w in enumerate(self.inference)),
-                 f"evaluator {ids(self.evaluator) if self.evaluator else 'none'}"]
+        parts = [f"trainer {' | '.join(_listed(r) for r in self.trainer)}",
+                 *(f"inference-{n} {_listed(w)}" for n, w in enumerate(self.inference)),
+                 f"evaluator {_listed(self.evaluator) or 'none'}"]
         idle = self.idle()
         inv = self.inventory
         kind = "" if inv.kind == inv.backend else f" {inv.kind}"
         return (f"devices ({inv.count} {inv.backend}{kind}): " + "; ".join(parts)
-                + (f"; idle {ids(idle)}" if idle else "") + (" (shared)" if self.shared else ""))
+                + (f"; idle {_listed(idle)}" if idle else "") + (" (shared)" if self.shared else ""))
 
     # -- the environment of each process ----------------------------------------------------------
 
@@ -217,22 +214,22 @@ class Layout:
             return {"XLA_FLAGS": with_flags(base.get("XLA_FLAGS", ""), DETERMINISTIC_GPU_FLAGS)} if deterministic else {}
         if process == "verifier" or (process == EVALUATOR and not self.evaluator):
             return _cpu_env((), base)
-        ids, name = self._ids(process)
+        ids, name = self._process_ids(process)
         if backend == CPU:
             return _cpu_env(ids, base)
         if backend == GPU:
-            env = {"JAX_PLATFORMS": "cuda", "CUDA_VISIBLE_DEVICES": ",".join(map(str, ids)), DEVICES_ENV: _ids(ids),
+            env = {"JAX_PLATFORMS": "cuda", "CUDA_VISIBLE_DEVICES": _listed(ids), DEVICES_ENV: _listed(ids),
                    FRACTION_ENV: f"{self.fractions.get(name, USABLE_MEMORY):.3f}"}
             env[PREALLOCATE_ENV] = "false" if name in self.shared else "true"
             if self.deterministic:
                 env["XLA_FLAGS"] = with_flags(base.get("XLA_FLAGS", ""), DETERMINISTIC_GPU_FLAGS)
             return env
         port = TPU_PORT + self._index(process)
-        return {"JAX_PLATFORMS": "tpu", "TPU_VISIBLE_CHIPS": ",".join(map(str, ids)), DEVICES_ENV: _ids(ids),
+        return {"JAX_PLATFORMS": "tpu", "TPU_VISIBLE_CHIPS": _listed(ids), DEVICES_ENV: _listed(ids),
                 "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_CHIP_BOUNDS[len(ids)], "TPU_PROCESS_BOUNDS": "1,1,1",
                 "TPU_MESH_CONTROLLER_ADDRESS": f"localhost:{port}", "TPU_MESH_CONTROLLER_PORT": str(port)}
 
-    def _ids(self, process: str) -> tuple[Ids, str]:
+    def _process_ids(self, process: str) -> tuple[Ids, str]:
         """``process``'s ids and its name in ``fractions``."""
         role, _, index = process.partition(".") if process.startswith(TRAINER) else process.partition("-")
         if role == TRAINER:
@@ -250,7 +247,8 @@ class Layout:
         return names.index(f"{TRAINER}.0" if process == TRAINER else process)
 
 
-def _ids(ids: Sequence[int]) -> str:
+def _listed(ids: Sequence[int]) -> str:
+    """``ids`` as a variable's value: ``0,1,2``."""
     return ",".join(map(str, ids))
 
 
@@ -267,7 +265,7 @@ def _cpu_env(ids: Sequence[int], base: Mapping[str, str]) -> dict[str, str]:
     """A process on the CPU platform with ``len(ids)`` host devices, or one that uses no device
     (``ids`` empty: it gets one). The host-device count is set only where it differs from
     ``base``'s, so a process of one device keeps the ``XLA_FLAGS`` it would inherit."""
-    env = {"JAX_PLATFORMS": CPU, DEVICES_ENV: _ids(ids)}
+    env = {"JAX_PLATFORMS": CPU, DEVICES_ENV: _listed(ids)}
     count = max(1, len(ids))
     if count != host_device_count(base.get("XLA_FLAGS", "")):
         env["XLA_FLAGS"] = with_flags(base.get("XLA_FLAGS", ""), (f"{HOST_COUNT_FLAG}={count}",))
