@@ -98,6 +98,19 @@ def batch_shapes(rows: int, width: int):
     ))
 
 
+def random_batch(rows: int, width: int, vocab_size: int, *, seed: int) -> TrainBatch:
+    """A ``rows`` × ``width`` batch of random tokens, every position attended, the second half of
+    each row a completion (behaviour log-prob -2) with 0/1 rewards: a step to execute, not to learn from."""
+    gen = np.random.default_rng(seed)
+    mask_BS = np.zeros((rows, width - 1), bool)
+    mask_BS[:, width // 2:] = True
+    return TrainBatch(tokens_BT=gen.integers(4, vocab_size, (rows, width)).astype(np.int32),
+                      attention_BT=np.ones((rows, width), bool), mask_BS=mask_BS,
+                      behaviour_BS=np.where(mask_BS, -2.0, 0.0).astype(np.float32),
+                      rewards_MG=gen.integers(0, 2, (rows // GROUP_SIZE, GROUP_SIZE)).astype(np.float32),
+                      versions_B=np.zeros(rows, np.int32))
+
+
 def step_memory(model: ModelConfig, rows: int, width: int, **memory) -> dict:
     """XLA's memory accounting of the compiled train step (nothing is allocated or run)."""
     config = StepConfig(model=model, objective=configure("grpo"), **memory)
@@ -163,14 +176,7 @@ def mesh_bounded(rows: int, width: int, run_rows: int, **memory) -> dict:
     shardings = jax.tree.map(lambda x: x.sharding, (params, opt_state))
     p = jax.jit(lambda key: init_params(QWEN25_05B, key=key), out_shardings=shardings[0])(jax.random.key(0))
     o = jax.jit(make_optimizer(config).init, out_shardings=shardings[1])(p)
-    gen = np.random.default_rng(0)
-    mask_BS = np.zeros((run_rows, width - 1), bool)
-    mask_BS[:, width // 2:] = True
-    batch = TrainBatch(tokens_BT=gen.integers(4, QWEN25_05B.vocab_size, (run_rows, width)).astype(np.int32),
-                       attention_BT=np.ones((run_rows, width), bool), mask_BS=mask_BS,
-                       behaviour_BS=np.where(mask_BS, -2.0, 0.0).astype(np.float32),
-                       rewards_MG=gen.integers(0, 2, (run_rows // GROUP_SIZE, GROUP_SIZE)).astype(np.float32),
-                       versions_B=np.zeros(run_rows, np.int32))
+    batch = random_batch(run_rows, width, QWEN25_05B.vocab_size, seed=0)
     zeros = np.zeros((run_rows, width - 1), np.float32)
     args = shard_rows(mesh, (batch, zeros, zeros, np.ones(run_rows, bool)))
     start = time.perf_counter()

@@ -68,7 +68,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import chaos  # noqa: E402  (scripts/chaos.py: a run's process group and log)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 from runtime.service.supervisor import rlx_command  # noqa: E402
 
@@ -217,23 +216,6 @@ def engine_vs_hf(sizes: Sizes) -> dict:
 
 # --- 5: the Qwen2.5-0.5B-shaped train step ------------------------------------------------------
 
-def random_batch(shapes, vocab_size: int, *, seed: int):
-    """A batch of ``shapes`` (``bench_trainer.batch_shapes``): random tokens, every position
-    attended, the second half of each row a completion with 0/1 rewards."""
-    gen = np.random.default_rng(seed)
-    rows, width = shapes.tokens_BT.shape
-    mask_BS = np.zeros(shapes.mask_BS.shape, bool)
-    mask_BS[:, width // 2:] = True
-    return type(shapes)(
-        tokens_BT=gen.integers(4, vocab_size, (rows, width)).astype(np.int32),
-        attention_BT=np.ones((rows, width), bool),
-        mask_BS=mask_BS,
-        behaviour_BS=np.where(mask_BS, -2.0, 0.0).astype(np.float32),
-        rewards_MG=gen.integers(0, 2, shapes.rewards_MG.shape).astype(np.float32),
-        versions_B=np.zeros(rows, np.int32),
-    )
-
-
 def step_05b(sizes: Sizes) -> dict:
     """The 0.5B-shaped step compiled, run ``warmup`` times, then timed ``timed`` times."""
     from kernels.algorithms import configure
@@ -245,7 +227,7 @@ def step_05b(sizes: Sizes) -> dict:
     config = StepConfig(model=model, objective=configure("grpo"), **STEP_MEMORY)
     params = jax.jit(lambda key: init_params(model, key=key))(jax.random.key(0))
     opt_state = make_optimizer(config).init(params)
-    batch = jax.device_put(random_batch(bench.batch_shapes(sizes.rows, sizes.width), model.vocab_size, seed=0))
+    batch = jax.device_put(bench.random_batch(sizes.rows, sizes.width, model.vocab_size, seed=0))
     logp_BS = jnp.zeros((sizes.rows, sizes.width - 1), jnp.float32)
     current_B = jnp.ones((sizes.rows,), bool)
     start = time.perf_counter()

@@ -38,6 +38,28 @@ def _python(code: str, devices: int, timeout: int = 600) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _step_setup(num_layers: int) -> str:
+    """The start of a step test's program: a small model of ``num_layers`` layers, its parameters
+    and a packed batch of 16 rows (4 groups)."""
+    return """
+        import dataclasses, json
+        import jax, jax.numpy as jnp, numpy as np
+        from kernels.algorithms import configure
+        from runtime.config import MeshShape
+        from runtime.model import ModelConfig, init_params
+        from runtime.trainer import Sample, StepConfig, make_optimizer, pack, train_step
+        from runtime.trainer.mesh import make_mesh, shard_rows, shard_tree
+
+        model = ModelConfig(vocab_size=29, hidden_size=32, num_layers=NUM_LAYERS, num_heads=4, num_kv_heads=2,
+                            intermediate_size=48, initializer_range=0.3)
+        params = init_params(model, key=jax.random.key(0))
+        rng = np.random.default_rng(0)
+        samples = [Sample(np.int32([1, 5 + i // 4, 7]), np.int32(rng.integers(3, 29, 1 + i % 4)),
+                          np.float32(-np.ones(1 + i % 4)), float(i % 3 == 0), 0) for i in range(16)]
+        batch = pack(samples, group_size=4, width=8, pad_id=0)
+    """.replace("NUM_LAYERS", str(num_layers))
+
+
 def test_a_mesh_table_names_its_axes_and_sizes():
     assert MeshShape.of({}).size == 1 and MeshShape.of(None).describe() == "one device"
     shape = MeshShape.of({"fsdp": 2, "model": 2})
@@ -65,22 +87,7 @@ def test_a_mesh_larger_than_the_process_is_a_one_line_error():
 
 
 def test_the_rules_place_every_parameter_and_the_sharded_step_matches_the_unsharded_one():
-    got = _python("""
-        import dataclasses, json
-        import jax, jax.numpy as jnp, numpy as np
-        from kernels.algorithms import configure
-        from runtime.config import MeshShape
-        from runtime.model import ModelConfig, init_params
-        from runtime.trainer import Sample, StepConfig, make_optimizer, pack, train_step
-        from runtime.trainer.mesh import make_mesh, shard_rows, shard_tree
-
-        model = ModelConfig(vocab_size=29, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                            intermediate_size=48, initializer_range=0.3)
-        params = init_params(model, key=jax.random.key(0))
-        rng = np.random.default_rng(0)
-        samples = [Sample(np.int32([1, 5 + i // 4, 7]), np.int32(rng.integers(3, 29, 1 + i % 4)),
-                          np.float32(-np.ones(1 + i % 4)), float(i % 3 == 0), 0) for i in range(16)]
-        batch = pack(samples, group_size=4, width=8, pad_id=0)
+    got = _python(_step_setup(num_layers=1) + """
         config = StepConfig(model=model, objective=configure("grpo"), group_size=4, share_prefix=True, prefix=3)
         zeros = jnp.zeros(batch.mask_BS.shape, jnp.float32)
         current = jnp.ones((16,), bool)
@@ -202,22 +209,7 @@ def test_a_sharded_step_is_also_memory_bounded_and_its_fixed_order_sum_is_the_sa
     equals the unsharded bounded step up to rounding, and with the fixed-order reduction
     ``fsdp=4`` and ``data=2×fsdp=2`` give the same bits (each micro-batch takes its share of every
     row shard, so both split the batch the same way)."""
-    got = _python("""
-        import dataclasses, json
-        import jax, jax.numpy as jnp, numpy as np
-        from kernels.algorithms import configure
-        from runtime.config import MeshShape
-        from runtime.model import ModelConfig, init_params
-        from runtime.trainer import Sample, StepConfig, make_optimizer, pack, train_step
-        from runtime.trainer.mesh import make_mesh, shard_rows, shard_tree
-
-        model = ModelConfig(vocab_size=29, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                            intermediate_size=48, initializer_range=0.3)
-        params = init_params(model, key=jax.random.key(0))
-        rng = np.random.default_rng(0)
-        samples = [Sample(np.int32([1, 5 + i // 4, 7]), np.int32(rng.integers(3, 29, 1 + i % 4)),
-                          np.float32(-np.ones(1 + i % 4)), float(i % 3 == 0), 0) for i in range(16)]
-        batch = pack(samples, group_size=4, width=8, pad_id=0)
+    got = _python(_step_setup(num_layers=2) + """
         bounded = StepConfig(model=model, objective=configure("grpo"), group_size=4, micro_batch_size=8,
                              logits_chunk=3, remat=True)
         zeros = jnp.zeros(batch.mask_BS.shape, jnp.float32)
