@@ -41,7 +41,7 @@ def plot_report(summary: dict, path: str) -> None:
     _evaluations(axes.flat[6], axes.flat[7], summary.get("evaluations") or [])
     held_out = ("no held-out evaluation" if before is None or after is None else
                 f"held-out pass rate {before:.1%} → {after:.1%} ({summary['eval_size']} problems)")
-    fig.suptitle(f"run {summary['run']}: {summary['steps']} steps, {held_out}", fontsize=12)
+    fig.suptitle(f"run {summary['run']!r}: {summary['steps']} steps, {held_out}", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

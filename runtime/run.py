@@ -124,11 +124,23 @@ def _check_new_run(rundir: RunDir, ledger_url: str, params_url: str, run_name: s
     if existing is not None:
         with existing:
             if run_name in existing.runs():
-                raise UsageError(f"run {run_name!r} already exists in {existing.url}; continue it with "
-                                 f"`rlx resume {rundir.path}`, or choose another --out or run.name")
+                raise UsageError(_existing_run(rundir, existing.url, run_name))
     location = parse_location(params_url)
     if location.directory is not None and os.path.exists(location.directory) and not os.path.isdir(location.directory):
         raise UsageError(f"the parameter store {params_url!r} is not a directory")
+
+
+def _existing_run(rundir: RunDir, url: str, run_name: str) -> str:
+    """What to say when the ledger at ``url`` already holds ``run_name``: resume it where ``--out``
+    is that run's directory, else pick another name (a server's ledger holds many runs, and the
+    directory of the one that took the name may be anywhere)."""
+    holder = os.path.isfile(os.path.join(rundir.path, "ledger.db")) or (
+        RunDir(rundir.path).pointed_run == run_name)
+    if holder:
+        return (f"run {run_name!r} already exists in {url}; continue it with `rlx resume {rundir.path}`, "
+                "or choose another --out")
+    return (f"run {run_name!r} already exists in {url}; give this run another name (--set run.name=NAME), "
+            "or continue that run with `rlx resume` on the run directory whose ledger.json names it")
 
 
 def _check_shareable(config: Config, params_url: str) -> None:
@@ -255,7 +267,7 @@ def _summary(store, config: Config, config_digest: str, rl_seconds: float, total
     """The run's summary, read from its ledger: the held-out pass rates before (version 0) and
     after (the final version) are those versions' ``VersionEvaluated`` (None where the run
     evaluated nothing, ``eval.every_steps = 0``); ``steps_per_minute`` counts the ``steps_here``
-    this process trained in its ``rl_seconds``."""
+    this process trained in its ``rl_seconds`` (after a resume, the steps since the resume)."""
     steps, rollouts, evaluations = [], 0, []
     started = None
     published: dict[int, str] = {}
@@ -296,6 +308,7 @@ def _summary(store, config: Config, config_digest: str, rl_seconds: float, total
         "rl_seconds": rl_seconds,
         "total_seconds": total_seconds,
         "steps_per_minute": 60.0 * steps_here / max(rl_seconds, 1e-9),
+        "steps_here": steps_here,
         "rollout_tokens_per_s": tokens / max(rl_seconds, 1e-9),
         "reward_curve": [m.get("reward_mean") for m in steps],
         "pass_rate_curve": [m.get("pass_rate") for m in steps],

@@ -47,7 +47,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
-    t = Table(title=f"replay of run {report.run_id}", show_header=False)
+    t = Table(title=f"replay of run {report.run_id!r}", show_header=False)
     t.add_row("result", "[bold green]bit-exact[/]" if report.match else "[bold red]DIVERGES[/]")
     start = f"from version {report.from_version}"
     if report.from_version != report.requested_version:

@@ -22,7 +22,8 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run RL end to end (no arguments: the built-in arithmetic demo)")
     add_config_arguments(p)
-    p.add_argument("--out", default="runs/demo", help="run directory for ledger.db, params/, summary.json, report.png")
+    p.add_argument("--out", help="run directory for ledger.db, params/, summary.json, report.png (default: a new "
+                                 "runs/NAME, runs/NAME-2, … where NAME is the config file's name, or demo)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(func=cmd_run, steps_field="run.steps")
 
@@ -67,6 +68,23 @@ def _toml_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+RUNS_DIR = "runs"
+
+
+def default_out(config_file: str | None, runs_dir: str = RUNS_DIR) -> str:
+    """The first of ``runs/NAME``, ``runs/NAME-2``, ``runs/NAME-3``, … that does not exist, where NAME
+    is the config file's name without its suffix (``demo`` without one): each run started without
+    ``--out`` gets a directory of its own, so the README's commands run one after another."""
+    name = "demo"
+    if config_file is not None:
+        name = os.path.splitext(os.path.basename(config_file))[0] or name
+    candidate, number = os.path.join(runs_dir, name), 1
+    while os.path.lexists(candidate):
+        number += 1
+        candidate = os.path.join(runs_dir, f"{name}-{number}")
+    return candidate
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -76,8 +94,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     compile_cache.enable()  # the model, engine and train step this machine compiled before
     console = Console()
-    summary = run(config, args.out, progress=not args.no_progress, log=lambda m: console.print(m))
-    _print_summary(console, summary, args.out)
+    out = args.out
+    if out is None:
+        out = default_out(args.config)
+        console.print(f"run directory: {out} (--out names another)")
+    summary = run(config, out, progress=not args.no_progress, log=lambda m: console.print(m))
+    _print_summary(console, summary, out)
     return 0
 
 
@@ -140,7 +162,7 @@ def _print_summary(console, summary: dict, out: str) -> None:
 
     from runtime.rundir import RunDir
 
-    t = Table(title=f"run {summary['run']}", show_header=False)
+    t = Table(title=f"{out} (run {summary['run']!r})", show_header=False)
     before, after = summary["eval_before"], summary["eval_after"]
     rows = [
         ("steps", str(summary["steps"])),
@@ -150,7 +172,7 @@ def _print_summary(console, summary: dict, out: str) -> None:
         ("train reward", f"{summary['reward_curve'][0]:.3f} → {summary['reward_curve'][-1]:.3f}"
          if summary["reward_curve"] else "-"),
         ("rollouts", f"{summary['rollouts']} ({summary['rollout_tokens_per_s']:,.0f} tokens/s)"),
-        ("steps/min", f"{summary['steps_per_minute']:.1f}"),
+        ("steps/min", _speed(summary)),
         ("final version", f"{summary['final_version']}  digest {summary['final_digest'][:16]}"),
         ("wall time", f"{summary['total_seconds']:.0f} s (RL {summary['rl_seconds']:.0f} s)"),
         ("files", f"{RunDir(out).ledger}, summary.json, report.png"),
@@ -158,3 +180,12 @@ def _print_summary(console, summary: dict, out: str) -> None:
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+
+
+def _speed(summary: dict) -> str:
+    """Steps/min of the RL time this process saw; a resumed run says which steps those were."""
+    speed = f"{summary['steps_per_minute']:.1f}"
+    here = summary.get("steps_here", summary["steps"])
+    if here != summary["steps"]:
+        speed += f" (the {here} steps since the resume, in {summary['rl_seconds']:.0f} s)"
+    return speed

@@ -186,6 +186,13 @@ def test_a_run_on_postgresql_resumes_replays_and_audits_from_its_directory(tmp_p
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert pg_url.split("?")[0] in done.stdout  # the summary names the ledger where it is
+    assert "steps since the resume" in done.stdout  # its steps/min are the resume's, and it says so
+    # The same run name again from another directory: no resume of a directory that is not the run's.
+    again = [*first[:5], str(tmp_path / "other"), *first[6:]]
+    refused = subprocess.run(again, capture_output=True, text=True, timeout=600, env=env)
+    assert refused.returncode == 2 and "give this run another name (--set run.name=NAME)" in refused.stderr
+    assert "rlx resume " + str(tmp_path / "other") not in refused.stderr
+    assert not os.path.exists(tmp_path / "other" / "ledger.json")
     with open_store(pg_url) as store:
         assert store.runs() == ["run"] and store.verify("run").ok
         events = [s.event for s in store.read("run")]
@@ -290,3 +297,34 @@ def test_more_workers_change_nothing_but_timing_in_deterministic_mode(tmp_path, 
         if e.KIND == "WorkerJoined" and e.role == "inference":
             assert e.info["engine"]["attention_impl"] == "live", e  # the resolved config's, as in processes
     assert {e.worker_id for e in events if e.KIND == "RolloutCompleted"} == {"inference-0", "inference-1"}
+
+
+def test_each_run_without_out_gets_a_directory_of_its_own(tmp_path):
+    from runtime.commands.run import default_out
+
+    runs = str(tmp_path / "runs")
+    assert default_out(None, runs) == os.path.join(runs, "demo")
+    os.makedirs(os.path.join(runs, "demo"))
+    os.makedirs(os.path.join(runs, "demo-2"))
+    assert default_out(None, runs) == os.path.join(runs, "demo-3")
+    assert default_out("configs/smollm2-chain-sum.toml", runs) == os.path.join(runs, "smollm2-chain-sum")
+
+
+@pytest.mark.slow
+def test_two_runs_without_out_one_after_the_other(tmp_path, cache_dir):
+    """What the README's examples do after the demo: ``rlx run`` twice without ``--out`` in one
+    directory; the second gets ``runs/demo-2`` instead of being refused for ``runs/demo``."""
+    argv = [sys.executable, "-m", "runtime.cli", "run", "--no-progress", "--steps", "1"]
+    for o in [*TINY, f'pretrain.cache_dir="{cache_dir}"', "eval.every_steps=0"]:
+        argv += ["--set", o]
+    outputs = []
+    for _ in range(2):
+        proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outputs.append(proc.stdout)
+    assert "run directory: runs/demo (--out names another)" in outputs[0]
+    assert "run directory: runs/demo-2" in outputs[1]
+    for name in ("demo", "demo-2"):
+        with open(tmp_path / "runs" / name / "summary.json") as f:
+            assert json.load(f)["steps"] == 1
