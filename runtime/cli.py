@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "runtime.commands.curate",
     "runtime.commands.export",
     "runtime.commands.models",
+    "runtime.commands.config",
 )
 
 

@@ -159,8 +159,12 @@ class RunConfig(Section):
     MAX_STEPS = 10**9
     NAME = "run"
     name: str = "run"
+    """The run's id in the ledger; a run directory or ledger holds each id once."""
     seed: int = 0
+    """The master seed: every random draw of the run (prompts, sampling, initial weights, the held-out split) is
+    derived from it."""
     steps: int = 1800
+    """Training steps (weight versions after version 0) the run makes."""
 
     def check(self) -> None:
         if not self.name or len(self.name) > 200:
@@ -185,14 +189,24 @@ class ModelConfig(Section):
 
     NAME = "model"
     path: str | None = None
+    """A local Hugging Face checkpoint directory (config.json, model.safetensors, tokenizer.json); unset: the
+    built-in character-level decoder of the shape below."""
     hidden_size: int = 128
+    """Width of the built-in model (its residual stream); ignored with a checkpoint."""
     num_layers: int = 3
+    """Decoder layers of the built-in model."""
     num_heads: int = 4
+    """Attention heads of the built-in model (hidden_size must be a multiple)."""
     num_kv_heads: int = 4
+    """Key/value heads of the built-in model (grouped-query attention; num_heads must be a multiple)."""
     intermediate_size: int = 344
+    """Width of the built-in model's SwiGLU MLP."""
     max_position_embeddings: int = 256
+    """Positions of the built-in model: the longest prompt plus sampling.max_tokens must fit."""
     initializer_range: float = 0.08
+    """Standard deviation of the built-in model's normal initial weights."""
     dtype: str = "float32"
+    """Compute dtype of trainer and engine: float32, or bfloat16 (bfloat16 matmuls, float32 master weights)."""
 
     def check(self) -> None:
         from runtime.model.config import DTYPES
@@ -224,9 +238,13 @@ class PretrainConfig(Section):
 
     NAME = "pretrain"
     steps: int = 265
+    """Supervised warm-start steps of the built-in model before RL (0: none; a checkpoint is used as it is)."""
     batch_size: int = 128
+    """Problems per warm-start step."""
     learning_rate: float = 1e-3
+    """Constant learning rate of the warm start."""
     cache_dir: str | None = None
+    """Where finished warm starts are kept by a digest of their inputs; unset: ~/.cache/rlx/warm_start."""
 
     def check(self) -> None:
         self._at_least("steps", 0)
@@ -257,15 +275,29 @@ class DataConfig(Section):
 
     NAME = "data"
     task: str = "arithmetic"
+    """Where prompts come from and how they are scored: arithmetic, codefn, jsonl (data.path) or gym:<dataset>
+    (reasoning-gym)."""
     path: str | None = None
+    """A JSONL file of {prompt, answer} or {prompt, tests} rows (task jsonl), or codefn's rows."""
     size: int | None = None
+    """Training prompts; filled in from the loaded task when the run starts."""
     eval_fraction: float = 0.1
+    """Share of a JSONL file's rows held out for evaluation (chosen by the seed)."""
     chat_template: bool = False
+    """Render each prompt with the checkpoint's chat template (needs model.path)."""
     chat_template_digest: str | None = None
+    """sha256 of the chat template the run rendered prompts with; filled in when the run starts, checked on resume
+    and replay."""
     chat_template_file: str | None = None
+    """The checkpoint file the chat template came from; filled in when the run starts."""
     max_prompt_tokens: int | None = None
+    """Most tokens a prompt may have (a longer one is an error naming it); unset: the model's positions less
+    sampling.max_tokens."""
     options: dict = dataclasses.field(default_factory=dict)
+    """A gym:<dataset> task's config (the dataset's own fields, train_size, eval_size, system)."""
     task_version: str | None = None
+    """The installed version of the package the problems come from (reasoning-gym); filled in when the run starts,
+    checked on resume and replay."""
 
     def check(self) -> None:
         self._at_least("size", 1)
@@ -296,10 +328,15 @@ class SamplingConfig(Section):
 
     NAME = "sampling"
     group_size: int = 8
+    """Completions sampled per prompt (a group; advantages compare within it)."""
     temperature: float = 1.0
+    """Sampling temperature (0: greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens whose probability reaches top_p (1: all)."""
     top_k: int = 0
+    """Sample among the k most likely tokens (0: all)."""
     max_tokens: int | None = None
+    """Most tokens of a completion; unset: the task's own budget (filled in when the config is read)."""
 
     def check(self) -> None:
         self._at_least("group_size", 1)
@@ -324,7 +361,9 @@ class AlgorithmConfig(Section):
 
     NAME = "algorithm"
     name: str = "grpo"
+    """The objective, a name of the registry (kernels.objectives), e.g. grpo, rloo, dapo, reinforce."""
     options: dict = dataclasses.field(default_factory=dict)
+    """Overrides of the objective's options, e.g. {clip_high = 0.28, kl_coef = 0.01}."""
 
     def check(self) -> None:
         from kernels.objectives import ALGORITHMS
@@ -346,10 +385,15 @@ class SchedulingConfig(Section):
 
     NAME = "scheduling"
     mode: str = "deterministic"
+    """deterministic (bit-exact, replayable schedule) or freshest (train on whatever is ready first)."""
     max_staleness: int = 1
+    """How many versions older than the one trained a rollout's policy may be."""
     groups_per_batch: int = 32
+    """Groups (of sampling.group_size completions) per train step."""
     filter_groups: bool | None = None
+    """Drop groups whose rewards are all equal (DAPO dynamic sampling); unset: the algorithm's dynamic_sampling."""
     max_groups_per_batch: int | None = None
+    """Most groups drawn for one batch when filtering; unset: 4 x groups_per_batch."""
 
     def check(self) -> None:
         self._choice("mode", MODES)
@@ -438,19 +482,35 @@ class TrainerConfig(Section):
 
     NAME = "trainer"
     learning_rate: float = 2e-4
+    """Peak AdamW learning rate of the RL step."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     max_grad_norm: float = 1.0
+    """Clip the gradient to this global norm before the AdamW update."""
     warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
     micro_batch_size: int = 0
+    """Rows per gradient micro-batch (0: the whole batch at once; else a divisor of the batch)."""
     logits_chunk: int = 0
+    """Compute log-probs this many positions at a time (0: all at once)."""
     remat: bool = False
+    """Recompute each decoder layer in the backward pass (less memory, more compute)."""
     shared_prefix: bool | None = None
+    """Compute a group's shared prompt once per group; unset: true unless a memory bound or pack is set."""
     old_logprobs: str | None = None
+    """Where old log-probs come from: recompute (a trainer forward pass) or behaviour (the engine's); unset:
+    behaviour for float32, else recompute."""
     completion_logits: bool | None = None
+    """Compute the LM head only at completion positions; unset: like shared_prefix."""
     prefix_per_octave: int | None = None
+    """Shared-prefix lengths per octave (a power of two from 1 to 64); unset: 8."""
     mesh: dict = dataclasses.field(default_factory=dict)
+    """Lay the step out on a device mesh, e.g. {fsdp = 2} or {data = 2, model = 2}; empty: one device."""
     deterministic_reduction: bool = False
+    """On a mesh, sum gradients over row shards in a fixed order (same bits however devices are spread over
+    processes)."""
     pack: bool = False
+    """Pack several sequences into each row of the step instead of one padded row each."""
 
     @property
     def bounded(self) -> bool:
@@ -509,7 +569,9 @@ class InferenceConfig(Section):
 
     NAME = "inference"
     mesh: dict = dataclasses.field(default_factory=dict)
+    """Split the engine over devices of each inference worker: {model = N}; empty: one device."""
     kv_pages: int = 0
+    """Pages of each engine's KV pool (0: the worst case, every slot's longest sequence)."""
 
     def check(self) -> None:
         self._at_least("kv_pages", 0)
@@ -552,16 +614,27 @@ class WorkersConfig(Section):
 
     NAME = "workers"
     mode: str = PROCESSES
+    """processes (supervised rlx worker processes over gRPC) or threads (threads of rlx run)."""
     inference: int = 1
+    """Inference workers."""
     inference_slots: int = 256
+    """Concurrent leases per inference worker."""
     inference_batch: int = 64
+    """Sequences an inference worker's engine decodes together."""
     page_size: int = 16
+    """Tokens per page of the engine's KV cache."""
     verifiers: int = 1
+    """Verifier workers (they score completions)."""
     lease_timeout_s: float = 120.0
+    """Seconds without a heartbeat after which a worker's lease is given up."""
     trainer_processes: int = 1
+    """Trainer processes (more than 1: a gang joined with jax.distributed, processes mode)."""
     attention: str | None = None
+    """The engine's decode attention: auto, live, reference or pallas; unset: auto."""
     no_progress_s: float = 600.0
+    """Seconds without progress after which the host says what the run waits for (0: never)."""
     devices: str | dict | None = None
+    """Which devices each process sees: auto, inherit, or a table of role = device ids; unset: auto."""
 
     def check(self) -> None:
         self._choice("mode", [PROCESSES, THREADS])
@@ -603,7 +676,9 @@ class VerifierConfig(Section):
 
     NAME = "verifier"
     isolation: str = "auto"
+    """The code sandbox's isolation: auto (the strongest available; refuses the weak level), namespaces or rlimits."""
     slots: int = 4
+    """Sandboxed programs that may run at once (at least 2)."""
 
     def check(self) -> None:
         from verifiers.code import Isolation
@@ -621,8 +696,11 @@ class LedgerConfig(Section):
 
     NAME = "ledger"
     url: str | None = None
+    """The event store: a SQLite path or a postgresql:// URL (no password in it); unset: DIR/ledger.db."""
     synchronous: str = "FULL"
+    """SQLite's PRAGMA synchronous: OFF, NORMAL, FULL or EXTRA."""
     snapshot_every: int = 50_000
+    """Events between snapshots of the controller's folded state (0: never)."""
 
     def check(self) -> None:
         from ledger.store import SQLITE_SYNCHRONOUS
@@ -640,8 +718,11 @@ class ParamsConfig(Section):
 
     NAME = "params"
     url: str | None = None
+    """The parameter store: a directory or URL; unset: DIR/params."""
     keep_newest: int = 2
+    """Newest weight versions kept (at least max_staleness + 1 after resolving)."""
     keep_every: int = 0
+    """Keep every N-th version with its optimizer state, for rlx replay --from-version (0: none)."""
 
     def check(self) -> None:
         self._at_least("keep_newest", 1)
@@ -662,9 +743,13 @@ class EvalConfig(Section):
 
     NAME = "eval"
     every_steps: int = 100
+    """Evaluate every this many versions, from version 0 and the final one (0: none)."""
     size: int = 100
+    """Held-out problems per evaluation."""
     k: int | None = None
+    """pass@k's k; unset: sampling.group_size."""
     samples: int | None = None
+    """Sampled completions per held-out problem (at least k); unset: k."""
 
     def check(self) -> None:
         self._at_least("every_steps", 0)
@@ -686,6 +771,7 @@ class LogConfig(Section):
 
     NAME = "log"
     tensorboard: str | None = None
+    """A directory for TensorBoard event files; unset: none."""
 
     def check(self) -> None:
         if self.tensorboard is not None and not self.tensorboard.strip():
