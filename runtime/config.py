@@ -672,19 +672,38 @@ class VerifierConfig(Section):
     """The code sandbox of tasks with code tests: its isolation level and how many programs run
     at once (``slots``). ``auto`` takes the strongest level this machine allows and refuses to
     fall back to the weak ``rlimits`` level, under which a program can read the host's files and
-    reach its servers; naming ``rlimits`` accepts that."""
+    reach its servers; naming ``rlimits`` accepts that.
+
+    ``reward``: the user's own reward function scores every completion instead of the task's
+    verifier (``verifiers.reward``): ``FILE.py`` (its function ``reward``) or ``FILE.py:FUNCTION``,
+    called as ``FUNCTION(prompt, completion, answer)`` and returning a finite number, in the code
+    sandbox (one file, standard library only). ``reward_digest`` is filled in with the file's
+    sha256 when the run starts; wherever the file is loaded again (a verifier worker, a resume)
+    one that differs is refused."""
 
     NAME = "verifier"
     isolation: str = "auto"
     """The code sandbox's isolation: auto (the strongest available; refuses the weak level), namespaces or rlimits."""
     slots: int = 4
     """Sandboxed programs that may run at once (at least 2)."""
+    reward: str | None = None
+    """Your own reward function instead of the task's verifier: FILE.py (its function reward) or FILE.py:FUNCTION,
+    called as FUNCTION(prompt, completion, answer) in the code sandbox and returning a number."""
+    reward_digest: str | None = None
+    """sha256 of the reward file; filled in when the run starts, checked wherever the file is loaded again."""
 
     def check(self) -> None:
         from verifiers.code import Isolation
 
         self._choice("isolation", [level.value for level in Isolation])
         self._at_least("slots", 2)  # a check script runs beside the program it checks
+        if self.reward is not None and not self.reward.strip():
+            raise _fail("verifier.reward", self.reward, "give a Python file, FILE.py or FILE.py:FUNCTION")
+        digest = self.reward_digest
+        if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _fail("verifier.reward_digest", digest, "it must be a sha256 in hex (filled in by rlx run)")
+        if digest is not None and self.reward is None:
+            raise _fail("verifier.reward_digest", digest, "it is set only with verifier.reward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -891,10 +910,12 @@ class Config:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     def resolved(self, *, data_size: int | None = None, chat_template_digest: str | None = None,
-                 chat_template_file: str | None = None, task_version: str | None = None) -> Config:
+                 chat_template_file: str | None = None, task_version: str | None = None,
+                 reward_digest: str | None = None) -> Config:
         """The config with every choice explicit: ``filter_groups`` from the algorithm,
         ``max_groups_per_batch`` from ``groups_per_batch``, ``data.size``,
-        ``data.chat_template_digest`` and ``data.task_version`` when given, ``params.keep_newest`` at least
+        ``data.chat_template_digest``, ``data.task_version`` and ``verifier.reward_digest`` when given,
+        ``params.keep_newest`` at least
         ``max_staleness + 1``, ``eval.k`` and ``eval.samples``, ``trainer.shared_prefix``,
         ``trainer.completion_logits``, ``trainer.prefix_per_octave``, ``trainer.old_logprobs``, ``workers.attention``
         and ``workers.devices``."""
@@ -929,6 +950,9 @@ class Config:
             trainer = dataclasses.replace(
                 trainer, old_logprobs="behaviour" if self.model.dtype == "float32" else "recompute"
             )
+        verifier = self.verifier
+        if reward_digest is not None:
+            verifier = dataclasses.replace(verifier, reward_digest=reward_digest)
         workers = self.workers
         if workers.attention is None:  # the backend is the inference worker's: settled where it runs
             workers = dataclasses.replace(workers, attention="auto")
@@ -938,6 +962,7 @@ class Config:
             self,
             trainer=trainer,
             workers=workers,
+            verifier=verifier,
             scheduling=dataclasses.replace(s, filter_groups=filter_groups, max_groups_per_batch=cap),
             data=data,
             params=params,

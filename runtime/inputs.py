@@ -1,7 +1,8 @@
-"""A run's input files, content-addressed: the data file and the checkpoint, by absolute path and
-sha256, as ``RunStarted`` records them (its fingerprint's ``inputs``).
+"""A run's input files, content-addressed: the data file, the checkpoint and the user's reward file,
+by absolute path and sha256, as ``RunStarted`` records them (its fingerprint's ``inputs``).
 
-A config names its inputs as the user typed them (``data.path``, ``model.path``, often relative);
+A config names its inputs as the user typed them (``data.path``, ``model.path``,
+``verifier.reward``, often relative);
 the config is recorded as it is, so its digest never changes. Beside it the run records where
 those names led and what the files held: :func:`record` of the resolved config. ``rlx resume``
 and ``rlx replay`` then build from the recorded absolute paths (:func:`located`), so they read
@@ -92,9 +93,9 @@ def _checkpoint_files(directory: str) -> dict[str, str]:
 
 
 def record(config: Config) -> dict:
-    """What ``RunStarted`` records of the run's input files: for ``data.path`` and ``model.path``
-    (each when set), the absolute path and the sha256 of each file read. Empty for the built-in
-    task and model."""
+    """What ``RunStarted`` records of the run's input files: for ``data.path``, ``model.path`` and
+    ``verifier.reward``'s file (each when set), the absolute path and the sha256 of each file
+    read. Empty for the built-in task and model."""
     out: dict[str, Any] = {}
     if config.data.path is not None:
         path = os.path.abspath(config.data.path)
@@ -102,6 +103,11 @@ def record(config: Config) -> dict:
     if config.model.path is not None:
         path = os.path.abspath(config.model.path)
         out["model"] = {"path": path, "files": _checkpoint_files(path)}
+    if config.verifier.reward is not None:
+        from verifiers.reward import split_spec
+
+        path = os.path.abspath(split_spec(config.verifier.reward)[0])
+        out["reward"] = {"path": path, "files": {os.path.basename(path): digest_file(path)}}
     return out
 
 
@@ -121,6 +127,12 @@ def located(config: Config, fingerprint: Mapping[str, Any]) -> Config:
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, path=str(data["path"])))
     if isinstance(model, Mapping) and config.model.path is not None:
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, path=str(model["path"])))
+    reward = inputs.get("reward")
+    if isinstance(reward, Mapping) and config.verifier.reward is not None:
+        from verifiers.reward import split_spec
+
+        spec = f"{reward['path']}:{split_spec(config.verifier.reward)[1]}"
+        config = dataclasses.replace(config, verifier=dataclasses.replace(config.verifier, reward=spec))
     return config
 
 
@@ -146,7 +158,7 @@ def check(config: Config, fingerprint: Mapping[str, Any], *, what: str, warn: Wa
             warn(f"warning: this run's ledger predates recorded input digests: the {what} cannot check that "
                  f"{' and '.join(sorted(now))} are the files the run read")
         return now
-    for name in ("data", "model"):
+    for name in ("data", "model", "reward"):
         was, nowhere = then.get(name), now.get(name)
         if was is None:
             continue

@@ -386,8 +386,10 @@ def resolve(config: Config, task) -> Config:
     its source's version) and its model's chat template: what ``RunStarted`` records, and what
     everything is built from."""
     codec = build_codec(config)
+    spec = config.verifier.reward
+    reward = None if spec is None else load_reward(spec, config.verifier.reward_digest).digest
     return config.resolved(data_size=task.train_size, chat_template_digest=codec.template_digest,
-                           chat_template_file=codec.template_file, task_version=task.version)
+                           chat_template_file=codec.template_file, task_version=task.version, reward_digest=reward)
 
 
 def run_fingerprint(session: Session, inputs: dict | None = None, *, layout=None) -> dict:
@@ -413,25 +415,49 @@ def run_fingerprint(session: Session, inputs: dict | None = None, *, layout=None
             "inputs": run_inputs.record(session.config) if inputs is None else inputs}
 
 
+def load_reward(spec: str, recorded: str | None):
+    """The user's reward file ``spec`` (``verifier.reward``, a ``verifiers.reward.RewardModule``),
+    refused in one line when it is not the one whose digest ``recorded`` the run's config records
+    (``verifier.reward_digest``; None: none yet)."""
+    from verifiers.reward import RewardModule
+
+    module = RewardModule.load(spec)
+    if recorded is not None and module.digest != recorded:
+        raise UsageError(f"verifier.reward: {module.path} has changed since the run started (sha256 {module.digest}, "
+                         f"the run recorded {recorded} in verifier.reward_digest); restore it")
+    return module
+
+
 def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple[Any, str | None]:
-    """The run's task and, with ``judge``, its sandboxed code verifier when it has code tests: a
-    refused isolation level stops the run before anything is trained. Returns (task, the sandbox's
-    one-line description or None), which ``build_session`` takes as ``built``."""
+    """The run's task and, with ``judge``, its sandboxed code verifier when it has code tests, or
+    the user's reward function (``verifier.reward``) in the sandbox, called once to check it: a
+    refused isolation level or a reward that does not work stops the run before anything is
+    trained. Returns (task, the sandbox's one-line description or None), which ``build_session``
+    takes as ``built``."""
     task = make_task(config)
     sandbox = None
-    if judge and task.has_code:  # the isolation is settled (or refused) before anything is trained
+    reward, recorded = config.verifier.reward, config.verifier.reward_digest
+    if judge and (task.has_code or reward is not None):  # the isolation is settled before anything is trained
         from verifiers.code import CodeVerifier, WeakIsolationRefused
 
         try:
-            task.code_verifier = CodeVerifier(isolation=config.verifier.isolation, slots=config.verifier.slots)
+            code_verifier = CodeVerifier(isolation=config.verifier.isolation, slots=config.verifier.slots)
         except WeakIsolationRefused:
             from verifiers.code.sandbox import probe_namespaces
 
             raise UsageError(f"verifier.isolation 'auto' found only the weak 'rlimits' level here "
                              f"({probe_namespaces()}), under which programs see the host's files, processes and "
                              "network; set verifier.isolation=\"rlimits\" to accept it") from None
-        sandbox = task.code_verifier.sandbox.describe()
+        sandbox = code_verifier.sandbox.describe()
         log(f"code sandbox: {sandbox}")
+        if reward is None:
+            task.code_verifier = code_verifier
+        else:
+            from runtime.tasks.reward import UserReward
+            from verifiers.reward import RewardVerifier
+
+            task = UserReward(task, RewardVerifier(load_reward(reward, recorded), code_verifier.sandbox))
+            task.check()
     return task, sandbox
 
 
@@ -477,5 +503,5 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
                    step_config(config, model), sandbox, warm_start)
 
 
-__all__ = ["EngineShape", "Session", "build_codec", "build_session", "fingerprint", "longest_prompt", "make_task",
-           "resolve", "run_fingerprint", "step_config"]
+__all__ = ["EngineShape", "Session", "build_codec", "build_session", "fingerprint", "load_reward", "longest_prompt",
+           "make_task", "resolve", "run_fingerprint", "step_config"]

@@ -2,7 +2,8 @@
 
 An ``Outcome`` says what was decided (``verdict``), why (``detail``), by which verifier and
 version, under which isolation level, and per test when there were several. The RL reward is a
-pure function of the verdict: ``reward = 1.0`` if the verdict is ``AC`` else ``0.0``.
+pure function of the verdict: ``reward = 1.0`` if the verdict is ``AC`` else ``0.0``, unless the
+verifier grades (a user's reward function, ``verifiers.reward``): then it is the ``credit`` given.
 
 Timings are measurements, not decisions: they are kept for logging and audit but excluded from
 equality, so the same answer judged twice (or judged locally and by the service) compares equal.
@@ -68,6 +69,7 @@ class Outcome:
       isolation: for code, the sandbox isolation level that ran; empty for math.
       tests: per-test verdicts, in test order, up to the first failure when stopping early.
       timings: measured wall time (excluded from equality).
+      credit: the reward a grading verifier gave (None: the verdict's, 1 for AC, else 0).
     """
 
     verdict: Verdict
@@ -77,6 +79,7 @@ class Outcome:
     isolation: str = ""
     tests: tuple[TestResult, ...] = ()
     timings: Timings = dataclasses.field(default_factory=Timings, compare=False)
+    credit: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.verdict, Verdict):
@@ -88,6 +91,8 @@ class Outcome:
 
     @property
     def reward(self) -> float:
+        if self.credit is not None:
+            return self.credit
         return 1.0 if self.passed else 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +101,7 @@ class Outcome:
             "passed": self.passed,
             "verdict": self.verdict.value,
             "reward": self.reward,
+            "credit": self.credit,
             "detail": self.detail,
             "verifier": self.verifier,
             "version": self.version,
@@ -132,4 +138,5 @@ class Outcome:
                 for t in d.get("tests", ())
             ),
             timings=Timings(**d.get("timings", {})),
+            credit=d.get("credit"),
         )

@@ -30,7 +30,8 @@ _HERE = pathlib.Path(__file__).resolve().parent
 
 
 @functools.cache
-def _driver_files() -> dict[str, bytes]:
+def driver_files() -> dict[str, bytes]:
+    """The call harness's files, as a sandboxed run of ``call_driver.py`` needs them."""
     return {name: (_HERE / name).read_bytes() for name in ("call_driver.py", "wire.py")}
 
 
@@ -142,7 +143,7 @@ class CodeVerifier:
         return results
 
     def _start_calls(self, source: bytes, problem: CodeProblem):
-        files = {"solution.py": source, **_driver_files()}
+        files = {"solution.py": source, **driver_files()}
         argv = languages.PYTHON_ARGV + ("call_driver.py",)
         return self.sandbox.start(argv, files=files, limits=problem.limits)
 
