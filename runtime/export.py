@@ -13,8 +13,13 @@ Transformers does) and the tokenizer files into a new directory, which Transform
   shard name that leaves the directory) is refused, so an export never copies a file from
   elsewhere (``runtime.model.checkpoint_files``);
 - a run of the built-in model gets the config its ``ModelConfig`` maps to, the character
-  tokenizer's ``tokenizer.json`` and a ``generation_config.json`` with its special tokens, in the
-  dtype the parameters were trained in.
+  tokenizer's ``tokenizer.json`` and a ``generation_config.json`` with its special tokens and
+  greedy decoding of the run's ``sampling.max_tokens``, in the dtype the parameters were trained
+  in.
+
+Either way the exported tokenizer starts a prompt as rlx did (``runtime.export_text``): the
+built-in model's with ``<bos>``; a checkpoint's tokenizer files are rewritten only where
+Transformers would otherwise add a BOS token rlx did not (or omit one it did).
 
 ``dtype`` overrides the tensors' dtype (e.g. ``float32`` keeps the trained master weights of a
 ``bfloat16`` checkpoint exactly). The directory is written beside ``out`` and renamed into place
@@ -114,25 +119,30 @@ class _Form:
     modes: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
-def builtin_form(model_config, tokenizer, run_id: str) -> _Form:
+def builtin_form(model_config, tokenizer, run_id: str, *, max_tokens: int | None = None) -> _Form:
     """The form of the built-in model: its config mapped to Hugging Face's, the character
-    tokenizer's files and its special tokens as generation defaults."""
-    from runtime.model.hf import GENERATION_CONFIG_FILE, TOKENIZER_FILE, tokenizer_config
+    tokenizer's files (its post-processor starting a prompt with ``<bos>``, as rlx's codec does)
+    and a generation config of its special tokens and greedy decoding (rlx's held-out evaluation)
+    of at most ``max_tokens`` new tokens (the run's ``sampling.max_tokens``)."""
+    from runtime.export_text import aligned_text_files
+    from runtime.model.hf import GENERATION_CONFIG_FILE, tokenizer_config
     from runtime.model.hf_convert import config_to_hf
 
     try:
         hf_config = config_to_hf(model_config)
     except UsageError as e:
         raise UsageError(f"run {run_id!r} trained a built-in model that has no Hugging Face form: {e}") from e
-    generation = {
+    generation: dict[str, Any] = {
         key: getattr(model_config, key)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id")
         if getattr(model_config, key) is not None
     }
+    generation["do_sample"] = False
+    if max_tokens is not None:
+        generation["max_new_tokens"] = max_tokens
     texts = {
-        TOKENIZER_FILE: tokenizer.to_str(),
-        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer), indent=2) + "\n",
         GENERATION_CONFIG_FILE: json.dumps(generation, indent=2) + "\n",
+        **aligned_text_files(tokenizer, tokenizer_config(tokenizer), model_config.bos_token_id),
     }
     return _Form(model_config, hf_config, None, (), texts, "built-in")
 
@@ -151,6 +161,7 @@ def _checkpoint_form(path: str, run_id: str) -> _Form:
     copies = tuple(name for name in TOKENIZER_FILES if checkpoint_file(directory, name) is not None)
     modes = {CONFIG_FILE: file_mode(directory, CONFIG_FILE), _WEIGHTS: weight_modes(directory)}
     texts = _template_for_older_readers(directory)
+    texts.update(_bos_as_rlx(directory, hf_config, texts))
     return _Form(model_config, hf_config, weight_dtypes(directory), tuple(n for n in copies if n not in texts), texts,
                  str(directory), {name: mode for name, mode in modes.items() if mode is not None})
 
@@ -172,6 +183,21 @@ def _template_for_older_readers(directory: pathlib.Path) -> dict[str, str]:
     return {TOKENIZER_CONFIG_FILE: json.dumps({**tok_config, "chat_template": found[0]}, indent=2, ensure_ascii=False) + "\n"}
 
 
+def _bos_as_rlx(directory: pathlib.Path, hf_config: Mapping[str, Any], texts: Mapping[str, str]) -> dict[str, str]:
+    """The tokenizer files rewritten where Transformers' tokenizer would start a prompt otherwise
+    than rlx does with this checkpoint (``runtime.export_text``); nothing where they agree."""
+    from runtime.export_text import aligned_text_files
+    from runtime.model.checkpoint_files import read_json
+    from runtime.model.hf_text import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, checkpoint_text
+
+    if (directory / TOKENIZER_FILE).is_file():
+        text = checkpoint_text(directory, hf_config)
+        written = texts.get(TOKENIZER_CONFIG_FILE)
+        tok_config = json.loads(written) if written is not None else read_json(directory, TOKENIZER_CONFIG_FILE) or {}
+        return aligned_text_files(text.tokenizer, tok_config, text.bos_id)
+    return {}
+
+
 def _form(logged: Mapping[str, Any], run_id: str) -> _Form:
     from runtime.config import Config
 
@@ -181,7 +207,7 @@ def _form(logged: Mapping[str, Any], run_id: str) -> _Form:
     from runtime.session import builtin_config
 
     model_config, tokenizer = builtin_config(config)
-    return builtin_form(model_config, tokenizer, run_id)
+    return builtin_form(model_config, tokenizer, run_id, max_tokens=config.max_tokens)
 
 
 def _check_shapes(params, model_config, run_id: str, source: str) -> None:

@@ -12,6 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -20,7 +21,7 @@ from runtime.cli import main  # noqa: E402
 from runtime.commands.export import shard_size  # noqa: E402
 from runtime.errors import UsageError  # noqa: E402
 from runtime.export import builtin_form, export_version  # noqa: E402
-from runtime.model import Model, ModelConfig, char_tokenizer  # noqa: E402
+from runtime.model import BOS_ID, Model, ModelConfig, char_tokenizer  # noqa: E402
 from runtime.model.hf import tokenizer_config  # noqa: E402
 from runtime.model.hf_convert import config_from_hf  # noqa: E402
 from runtime.params import ParamStore  # noqa: E402
@@ -138,8 +139,10 @@ def test_the_built_in_model_exports_with_its_character_tokenizer(small_run, tmp_
     assert done.source == "built-in" and done.digest == summary["final_digest"]
     assert len([f for f in done.files if f.endswith(".safetensors")]) > 1
     assert json.loads((out / "generation_config.json").read_text()) == {
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-    assert (out / "tokenizer.json").read_text() == char_tokenizer().to_str()
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "do_sample": False, "max_new_tokens": 4}
+    exported_tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert exported_tokenizer.get_vocab() == char_tokenizer().get_vocab()
+    assert exported_tokenizer.encode("1+2=").ids == [BOS_ID, *char_tokenizer().encode("1+2=").ids]
     params = ParamStore.open(os.path.join(run_dir, "params")).get(version)
     config = config_from_hf(json.loads((out / "config.json").read_text()))
     assert (config.hidden_size, config.num_layers, config.num_kv_heads) == (32, 1, 1)
@@ -148,6 +151,46 @@ def test_the_built_in_model_exports_with_its_character_tokenizer(small_run, tmp_
     theirs = _transformers_logits(out, tokens)
     assert np.abs(theirs).max() > 0.1
     assert np.abs(ours - theirs).max() <= TOL
+
+
+def _rlx_greedy(config, params, prompts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, greedy completion ids) of rlx's own codec and engine for ``prompts``."""
+    from runtime.inference import SamplingParams
+    from runtime.session import build_session
+    from runtime.tasks.base import Problem
+
+    session = build_session(config, log=lambda m: None, judge=False, warm=False)
+    session.engine.update_params(params)
+    ids = session.codec.encode_prompts([Problem(p) for p in prompts])
+    done = session.engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=config.max_tokens),
+                                   list(range(len(ids))))
+    return [i.tolist() for i in ids], [c.tokens.tolist() for c in done]
+
+
+def test_an_exported_built_in_model_generates_in_transformers_what_rlx_generates(small_run, tmp_path):
+    run_dir, summary, config = small_run
+    out = tmp_path / "export"
+    export_version(run_dir, summary["final_version"], out)
+    params = ParamStore.open(os.path.join(run_dir, "params")).get(summary["final_version"])
+    # The run's own sums (a, b < 5) and some it never saw, no longer than its longest prompt (the
+    # engine's prefill is sized to it).
+    prompts = [f"{a}+{b}=" for a in range(5) for b in range(5)] + ["5+5=", "9+8=", "7+0=", "6+9="]
+    rlx_prompts, rlx_completions = _rlx_greedy(config, params, prompts)
+    assert all(ids[0] == BOS_ID for ids in rlx_prompts)
+    assert sum(c[-1:] == [2] for c in rlx_completions) >= len(prompts) // 2  # the model answers and stops
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert model.generation_config.max_new_tokens == config.max_tokens and not model.generation_config.do_sample
+    theirs = []
+    for prompt, ids in zip(prompts, rlx_prompts, strict=True):
+        encoded = hf_tok(prompt, return_tensors="pt")  # the tokenizer's own special tokens, as a user calls it
+        assert encoded["input_ids"][0].tolist() == ids, prompt
+        with torch.no_grad():
+            new = model.generate(**encoded)[0, len(ids):].tolist()  # greedy, by the exported generation config
+        theirs.append(new[: new.index(2) + 1] if 2 in new else new)
+    assert theirs == rlx_completions
+    assert hf_tok.decode(hf_tok(prompts[7])["input_ids"], skip_special_tokens=True) == prompts[7]
 
 
 def test_unknown_and_retired_versions_are_one_line_refusals(checkpoint_run, tmp_path):
