@@ -17,7 +17,7 @@ from tests.runtime import small_run
 
 REWARD = '''
 def reward(prompt, completion, answer):
-    """A tenth... an eighth of a point per character, and 2 more for the right sum."""
+    """An eighth of a point per character, and 2 more for the right sum."""
     return len(completion) / 8 + (2.0 if completion.strip() == answer else 0.0)
 '''
 
@@ -121,3 +121,22 @@ def test_a_reward_file_that_does_not_work_is_refused_before_the_run(tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rlx: error: verifier.reward ") and message in err, err
     assert not out.exists()
+
+
+def test_the_example_reward_with_the_example_config():
+    """configs/example_reward.py, named in configs/example.toml, loads, passes its probe call and
+    gives its documented rewards."""
+    import pathlib
+
+    from runtime.config import load_config
+    from runtime.session import build_task, resolve
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = str(root / "configs" / "example_reward.py")
+    config = load_config(root / "configs" / "example.toml", ["run.steps=2", f'verifier.reward="{spec}"'])
+    task, _ = build_task(config, log=lambda m: None)
+    problem = task.problem("train", 0)
+    outcomes = task.score([problem] * 3, [problem.answer, f"so it is {problem.answer}", "x"])
+    assert [task.reward(o) for o in outcomes] == [1.0, 0.5, 0.0] and [o.passed for o in outcomes] == [True, False, False]
+    digest = hashlib.sha256((root / "configs" / "example_reward.py").read_bytes()).hexdigest()
+    assert resolve(config, task).verifier.reward_digest == digest
