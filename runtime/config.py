@@ -374,7 +374,7 @@ class AlgorithmConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class SchedulingConfig(Section):
-    """Staleness and batching (DESIGN.md, "Staleness and scheduling").
+    """Staleness and batching (``runtime.controller.decide`` states the rules).
 
     ``groups_per_batch`` groups of ``sampling.group_size`` rollouts form a batch. With
     ``filter_groups`` (DAPO dynamic sampling; None follows the algorithm's ``dynamic_sampling``)

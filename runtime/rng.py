@@ -2,7 +2,7 @@
 
 Nothing here keeps state or reads the global RNG, the clock or the environment, so the same
 (seed, purpose, indices) gives the same key in every process, on every platform, after every
-restart (DESIGN.md, determinism contract, point 2). The derivation is a keyed hash::
+restart: a key never depends on which process asks, or when. The derivation is a keyed hash::
 
     key(seed, purpose, i_1, …, i_n) = BLAKE2b-128(u64(seed) ‖ u32(len(purpose)) ‖ purpose
                                                    ‖ i64(i_1) ‖ … ‖ i64(i_n))

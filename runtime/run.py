@@ -54,7 +54,8 @@ def run(config: Config, out: str, *, progress: bool = True, log: Callable[[str],
     try:
         # Resolved once, before anything is built from it: what RunStarted records is what runs.
         config = resolve(config, built[0])
-        session = build_session(config, log=log, built=built, engine=_evaluates(config))  # validates model, data, task
+        session = build_session(config, log=log, built=built, engine=_evaluates(config),  # validates model, data, task
+                                progress=progress)
         os.makedirs(out, exist_ok=True)
         store = open_store(ledger_url, create=True, synchronous=config.ledger.synchronous)
     except BaseException:
@@ -186,7 +187,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
             log(f"run {run_id!r} has already finished (version {state.latest}); nothing to resume")
             return None
         layout = _placement(config, log, new=False)
-        session = build_session(config, log=log, engine=_evaluates(config))
+        session = build_session(config, log=log, engine=_evaluates(config), progress=progress)
         swept = pstore.sweep()
         if swept:
             log(f"removed {len(swept)} half-written parameter version(s) left by the crash")
@@ -269,7 +270,7 @@ def _summary(store, config: Config, config_digest: str, rl_seconds: float, total
     evaluated nothing, ``eval.every_steps = 0``); ``steps_per_minute`` counts the ``steps_here``
     this process trained in its ``rl_seconds`` (after a resume, the steps since the resume)."""
     steps, rollouts, evaluations = [], 0, []
-    started = None
+    started, machine = None, None
     published: dict[int, str] = {}
     for s in store.read(config.run.name):
         e = s.event
@@ -288,6 +289,7 @@ def _summary(store, config: Config, config_digest: str, rl_seconds: float, total
             })
         elif isinstance(e, ev.RunStarted):
             started = s.wall_time
+            machine = f"{e.fingerprint.get('cpu', '?')}, {e.fingerprint.get('cores', '?')} cores"
     steps.sort(key=lambda m: m["step"])
     evaluations.sort(key=lambda m: m["version"])
     final_version = max(published, default=-1)
@@ -309,6 +311,7 @@ def _summary(store, config: Config, config_digest: str, rl_seconds: float, total
         "total_seconds": total_seconds,
         "steps_per_minute": 60.0 * steps_here / max(rl_seconds, 1e-9),
         "steps_here": steps_here,
+        "machine": machine,
         "rollout_tokens_per_s": tokens / max(rl_seconds, 1e-9),
         "reward_curve": [m.get("reward_mean") for m in steps],
         "pass_rate_curve": [m.get("pass_rate") for m in steps],

@@ -1,7 +1,7 @@
 """Where two runs part: ``rlx audit DIR diff OTHER``.
 
 Two runs of the same config, seed, data and software stack have the same weight digests, batch
-for batch (deterministic mode, DESIGN.md I7). When they do not, the question is where they
+for batch (deterministic mode, invariant I7 of ``runtime.controller.invariants``). When they do not, the question is where they
 first part and why. :func:`diff_runs` answers from the two ledgers alone:
 
 - the logged config and environment fingerprint, key by key;

@@ -175,6 +175,7 @@ def _print_summary(console, summary: dict, out: str) -> None:
         ("steps/min", _speed(summary)),
         ("final version", f"{summary['final_version']}  digest {summary['final_digest'][:16]}"),
         ("wall time", f"{summary['total_seconds']:.0f} s (RL {summary['rl_seconds']:.0f} s)"),
+        ("machine", summary.get("machine") or "-"),
         ("files", f"{RunDir(out).ledger}, summary.json, report.png"),
     ]
     for k, v in rows:

@@ -1,5 +1,5 @@
 """The event-sourced controller: a pure fold and decision function over the ledger, its I/O shell,
-replay and the invariant checks of DESIGN.md (I1–I8)."""
+replay and the invariant checks I1–I9 (``invariants.NAMES``)."""
 
 from runtime.controller.admit import DECISION_KINDS, INPUT_KINDS, admit
 from runtime.controller.decide import decide, decide_and_fold, needed_versions

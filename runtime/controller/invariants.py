@@ -1,4 +1,4 @@
-"""The invariants I1–I8 of DESIGN.md, and the value ranges of I9, checked over a ledger's events.
+"""The invariants I1–I8 (``NAMES``), and the value ranges of I9, checked over a ledger's events.
 
 Pure: ``check(events)`` takes the events of one run (plain, numbered from 1, or stored with
 their seqs) and returns every violation found, each naming the invariant, the seq and what is

@@ -327,4 +327,7 @@ def test_two_runs_without_out_one_after_the_other(tmp_path, cache_dir):
     assert "run directory: runs/demo-2" in outputs[1]
     for name in ("demo", "demo-2"):
         with open(tmp_path / "runs" / name / "summary.json") as f:
-            assert json.load(f)["steps"] == 1
+            summary = json.load(f)
+        assert summary["steps"] == 1 and summary["machine"].endswith(f"{len(os.sched_getaffinity(0))} cores")
+    assert "machine" in outputs[1]  # the table names the CPU that decides the last bits
+    assert "runs/demo (run 'run')" in outputs[0] and "run run" not in outputs[0]  # its title
