@@ -21,7 +21,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -106,6 +106,15 @@ def _insert_rows_sql(n: int) -> str:
     """``INSERT … VALUES (…), (…) …`` for ``n`` rows (``?`` placeholders)."""
     head, values = _INSERT.split("VALUES ")
     return head + "VALUES " + ", ".join([values.format(p="?")] * n)
+
+
+@functools.cache
+def _linked_sql(kinds: int | None) -> str:
+    """The SQLite statement of ``scan_linked`` for ``kinds`` kinds (None: every kind)."""
+    where = "" if kinds is None else f" AND e.kind IN ({', '.join('?' * kinds)})"
+    return ("SELECT e.seq, e.kind, e.version, e.body, e.digest, e.epoch, e.wall_time, p.digest "
+            "FROM rlx_events e LEFT JOIN rlx_events p ON p.run_id = e.run_id AND p.seq = e.seq - 1 "
+            f"WHERE e.run_id = ? AND e.seq >= ? AND e.seq <= ?{where} ORDER BY e.seq LIMIT ?")
 
 
 def _check_head(run_id: str, expected_seq: int, epoch: int, current_epoch: int, head: Head) -> None:
@@ -311,6 +320,46 @@ class _SqlStore(EventStore):
             if not rows:
                 return
             seq = int(rows[-1][0]) + 1
+
+    def scan_linked(self, run_id: str, kinds: Iterable[str] | None = None, from_seq: int = 1,
+                    to_seq: int | None = None) -> Iterator[tuple[bytes | None, RawRecord]]:
+        """The records of ``kinds`` selected by the database (the others are never fetched), each
+        joined with the digest stored at the seq before it."""
+        if run_id not in self.runs():
+            raise RunNotFound(run_id, self.runs())
+        names = None if kinds is None else tuple(sorted(set(kinds)))
+        upper = (1 << 63) - 1 if to_seq is None else to_seq
+        seq = from_seq
+        while True:
+            with self._translate(f"read from seq {seq}"):
+                rows = self._linked_chunk(run_id, names, seq, upper, _CHUNK)
+            for row in rows:
+                r = RawRecord(run_id, *row[:7])
+                prev = row[7]
+                yield (chain.GENESIS if r.seq == 1 else None if prev is None else bytes(prev)), r
+            if len(rows) < _CHUNK:
+                return
+            seq = int(rows[-1][0]) + 1
+
+    def _linked_chunk(self, run_id: str, kinds: tuple[str, ...] | None, from_seq: int, to_seq: int,
+                      limit: int) -> Sequence[Any]:
+        """Up to ``limit`` rows ``(seq, kind, version, body, digest, epoch, wall_time, digest before)``."""
+        before = events_table.alias("before")
+        q = (sa.select(_ev.seq, _ev.kind, _ev.version, _ev.body, _ev.digest, _ev.epoch, _ev.wall_time,
+                       before.c.digest)
+             .select_from(events_table.outerjoin(before, sa.and_(before.c.run_id == _ev.run_id,
+                                                                 before.c.seq == _ev.seq - 1)))
+             .where(_ev.run_id == run_id, _ev.seq >= from_seq, _ev.seq <= to_seq))
+        if kinds is not None:
+            q = q.where(_ev.kind.in_(kinds))
+        with self._read_engine.connect() as conn:
+            return [(int(a), k, int(v), bytes(b), bytes(d), int(e), float(w), p)
+                    for a, k, v, b, d, e, w, p in conn.execute(q.order_by(_ev.seq).limit(limit)).all()]
+
+    def count(self, run_id: str) -> int:
+        with self._translate("count"), self._read_engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(events_table)
+                                    .where(_ev.run_id == run_id)).scalar_one())
 
     def _truncate(self, run_id: str, from_seq: int) -> int:
         self._writable(f"cut run {run_id!r}")
@@ -552,6 +601,20 @@ class SqliteStore(_SqlStore):
                 ).fetchall()
             except sqlite3.DatabaseError as e:
                 raise sa_exc.DBAPIError(self._CHUNK_SQL, None, e) from e
+
+    def _linked_chunk(self, run_id: str, kinds: tuple[str, ...] | None, from_seq: int, to_seq: int,
+                      limit: int) -> Sequence[Any]:
+        """The same rows straight from the stdlib cursor, as :meth:`_chunk` reads them."""
+        import sqlite3
+
+        sql = _linked_sql(None if kinds is None else len(kinds))
+        with self._read_engine.connect() as sa_conn:
+            dbapi = sa_conn.connection.dbapi_connection
+            assert dbapi is not None  # an open connection has its driver connection
+            try:
+                return dbapi.execute(sql, (run_id, from_seq, to_seq, *(kinds or ()), limit)).fetchall()
+            except sqlite3.DatabaseError as e:
+                raise sa_exc.DBAPIError(sql, None, e) from e
 
     def _size(self) -> dict:
         total = 0

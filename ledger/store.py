@@ -218,6 +218,27 @@ class EventStore(abc.ABC):
                 r.run_id, r.seq, decode_body(r.kind, r.version, r.body, reg), r.digest, r.epoch, r.wall_time
             )
 
+    def scan_linked(self, run_id: str, kinds: Iterable[str] | None = None, from_seq: int = 1,
+                    to_seq: int | None = None) -> Iterator[tuple[bytes | None, RawRecord]]:
+        """Raw records of ``kinds`` (None: all) with ``from_seq <= seq <= to_seq``, each with the
+        stored digest of the record before it (``chain.GENESIS`` before seq 1, None when that
+        record is absent): enough to check each record against the chain on its own, as
+        ``chain.link(prev, r.kind, r.version, r.body) == r.digest``, without reading the rest.
+
+        Backends filter by kind where the records are (SQL stores: in the query), so reading a
+        few kinds of a long log never decodes or even fetches the others.
+        """
+        wanted = None if kinds is None else frozenset(kinds)
+        prev_seq, prev = 0, chain.GENESIS
+        for r in self.scan(run_id, max(1, from_seq - 1), to_seq):
+            if r.seq >= from_seq and (wanted is None or r.kind in wanted):
+                yield (prev if prev_seq == r.seq - 1 else None), r
+            prev_seq, prev = r.seq, r.digest
+
+    def count(self, run_id: str) -> int:
+        """How many records the run holds (its head seq when the log has no gap)."""
+        return sum(1 for _ in self.scan(run_id))
+
     def events(self, run_id: str, from_seq: int = 1) -> list[Event]:
         """The run's events (no envelope) from ``from_seq`` on."""
         return [s.event for s in self.read(run_id, from_seq)]

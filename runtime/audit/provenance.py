@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ledger import events as ev
@@ -59,12 +60,20 @@ class Provenance:
     retired: dict[int, int]
     consumed: dict[int, int]
     evaluated: dict[int, tuple[int, ev.VersionEvaluated]] = dataclasses.field(default_factory=dict)
+    requested_ids: frozenset[int] | None = None
+    """Every requested rollout id, when ``requests`` holds only some of them (a query's index
+    names them all for its error message)."""
 
     @classmethod
-    def from_events(cls, events: Iterable[StoredEvent]) -> Provenance:
-        """Index ``events`` (one run, seq order). Later duplicates never replace a first record."""
+    def from_events(cls, events: Iterable[StoredEvent], *, rollouts: AbstractSet[int] | None = None) -> Provenance:
+        """Index ``events`` (one run, seq order). Later duplicates never replace a first record.
+
+        ``rollouts``: index the life of these rollouts only (None: all), as a query that needs a
+        few of them does; everything about versions, steps and groups is indexed either way.
+        """
         run = None
-        tables: dict[str, dict] = {name: {} for name in (
+        keep = (lambda rid: True) if rollouts is None else rollouts.__contains__
+        tables: dict[str, Any] = {name: {} for name in (
             "requests", "completed", "outcomes", "discarded", "batches", "trained", "published", "retired", "consumed",
             "evaluated")}
         assigned: dict[int, list] = {}
@@ -74,23 +83,30 @@ class Provenance:
             if type(e) is ev.RunStarted:
                 run = run or e
             elif type(e) is ev.RolloutRequested:
-                for q in e.samples():
-                    tables["requests"].setdefault(q.rollout_id, (seq, q))
+                if rollouts is None or not rollouts.isdisjoint(e.rollout_ids):
+                    for q in e.samples():
+                        if keep(q.rollout_id):
+                            tables["requests"].setdefault(q.rollout_id, (seq, q))
             elif type(e) is ev.RolloutAssigned:
                 for rid, attempt in zip(e.rollout_ids, e.attempts, strict=False):
-                    assigned.setdefault(rid, []).append((seq, e.worker_id, attempt))
+                    if keep(rid):
+                        assigned.setdefault(rid, []).append((seq, e.worker_id, attempt))
             elif type(e) is ev.RolloutAbandoned:
-                abandoned.setdefault(e.rollout_id, []).append((seq, e))
+                if keep(e.rollout_id):
+                    abandoned.setdefault(e.rollout_id, []).append((seq, e))
             elif type(e) is ev.RolloutCompleted:
-                tables["completed"].setdefault(e.rollout_id, (seq, e))
+                if keep(e.rollout_id):
+                    tables["completed"].setdefault(e.rollout_id, (seq, e))
             elif type(e) is ev.OutcomeRecorded:
-                tables["outcomes"].setdefault(e.rollout_id, (seq, e))
+                if keep(e.rollout_id):
+                    tables["outcomes"].setdefault(e.rollout_id, (seq, e))
             elif type(e) is ev.GroupDiscarded:
                 tables["discarded"].setdefault(e.group_id, (seq, e))
             elif type(e) is ev.BatchFormed:
                 tables["batches"].setdefault(e.step, (seq, e))
                 for rid in e.rollout_ids:
-                    tables["consumed"].setdefault(rid, e.step)
+                    if keep(rid):
+                        tables["consumed"].setdefault(rid, e.step)
             elif type(e) is ev.TrainStepCompleted:
                 tables["trained"].setdefault(e.step, (seq, e))
             elif type(e) is ev.WeightsPublished:
@@ -193,7 +209,10 @@ class Provenance:
     def rollout(self, rid: int, *, prompt_text: PromptText = _no_text) -> dict[str, Any]:
         """Rollout ``rid``: what it was, and every event of its life in ledger order."""
         if rid not in self.requests:
-            raise UsageError(f"rollout {rid!r} is not in this run; requested rollouts: {_range(self.requests)}")
+            known = self.requests if self.requested_ids is None else self.requested_ids
+            if rid in known:
+                raise UsageError(f"rollout {rid!r} was not read for this query")
+            raise UsageError(f"rollout {rid!r} is not in this run; requested rollouts: {_range(known)}")
         seq, q = self.requests[rid]
         history = [(seq, "requested", (f"group {q.group_id} of batch {q.batch}, prompt {q.prompt_index}, "
                                        f"version {q.policy_version}, seed {q.seed}"))]

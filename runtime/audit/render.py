@@ -69,8 +69,45 @@ def _evaluation(e: dict[str, Any] | None) -> str | None:
             f"{e['sampled_pass_rate']:.1%} passed) on {e['problems']} problems (seq {e['seq']})")
 
 
-def version(console: Console, doc: dict[str, Any]) -> None:
-    """A version's lineage: parent chain, producing step, batch rollouts."""
+def _more(count: int, what: str) -> str:
+    return f"… {count} more {what} (--all lists every one)"
+
+
+def _chain(links: list[dict[str, Any]], shown: int | None) -> Table:
+    """The parent chain: the newest ``shown - 1`` links and version 0 when it is longer."""
+    t = Table("version", "digest", "published at seq", title="parent chain", title_justify="left")
+    cut = shown is not None and len(links) > shown
+    head, tail = (links[: shown - 1], links[-1:]) if cut and shown else (links, [])
+    for link in head:
+        t.add_row(str(link["version"]), link["digest"], str(link["seq"]))
+    if tail:
+        t.add_row("…", _more(len(links) - len(head) - 1, "versions"), "")
+        for link in tail:
+            t.add_row(str(link["version"]), link["digest"], str(link["seq"]))
+    return t
+
+
+def _batch_summary(rows: list[dict[str, Any]]) -> str:
+    """One line over every rollout of a batch: outcomes, rewards, staleness, workers."""
+    scored = [r for r in rows if r["reward"] is not None]
+    passed = sum(1 for r in scored if r["passed"])
+    stale = sorted({r["staleness"] for r in rows if r["staleness"] is not None})
+    workers = {r["worker"] for r in rows if r["worker"] is not None}
+    parts = [f"{len(rows)} rollouts", f"{passed} of {len(scored)} scored passed"]
+    if scored:
+        parts.append(f"mean reward {_fmt(sum(r['reward'] for r in scored) / len(scored))}")
+    if stale:
+        parts.append(f"staleness {stale[0]}" + (f"–{stale[-1]}" if len(stale) > 1 else ""))
+    parts.append(f"{len(workers)} worker{'' if len(workers) == 1 else 's'}")
+    return ", ".join(parts)
+
+
+def version(console: Console, doc: dict[str, Any], *, shown: int | None = None) -> None:
+    """A version's lineage: parent chain, producing step, batch rollouts.
+
+    ``shown``: how many links of the parent chain and rollouts of the batch to list (None: all);
+    a longer list ends with a row saying how many more there are.
+    """
     console.print(_pairs(f"version {doc['version']}", [
         ("digest", doc["digest"]),
         ("published", f"seq {doc['seq']}"),
@@ -78,15 +115,15 @@ def version(console: Console, doc: dict[str, Any]) -> None:
         ("origin", doc["origin"]),
         ("held-out", _evaluation(doc.get("evaluation"))),
     ]))
-    t = Table("version", "digest", "published at seq", title="parent chain", title_justify="left")
-    for link in doc["parent_chain"]:
-        t.add_row(str(link["version"]), link["digest"], str(link["seq"]))
-    console.print(t)
+    console.print(_chain(doc["parent_chain"], shown))
     if doc["step"] is not None:
         step(console, doc["step"])
     rows = doc["rollouts"]
     if rows:
-        console.print(_rollouts(rows))
+        console.print(_rollouts(rows if shown is None else rows[:shown]))
+        if shown is not None and len(rows) > shown:
+            console.print(_more(len(rows) - shown, "rollouts"), highlight=False)
+        console.print(f"batch: {_batch_summary(rows)}", highlight=False)
         sampling = _shared(rows, lambda r: _fmt(r["sampling"]))
         verifier = _shared(rows, lambda r: f"{_fmt(r['verifier'])} {_fmt(r['verifier_version'])}")
         if sampling is not None:
@@ -95,7 +132,7 @@ def version(console: Console, doc: dict[str, Any]) -> None:
             console.print(f"verifier: {verifier}", highlight=False)
         else:
             t = Table("id", "verifier", title="verifiers", title_justify="left")
-            for r in rows:
+            for r in rows if shown is None else rows[:shown]:
                 t.add_row(str(r["rollout_id"]), f"{_fmt(r['verifier'])} {_fmt(r['verifier_version'])}")
             console.print(t)
 

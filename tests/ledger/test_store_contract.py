@@ -202,6 +202,25 @@ class StoreContract:
         t.join()
         assert got == list(range(1, total + 1))
 
+    def test_scan_linked_selects_kinds_and_ranges_with_the_digest_before_each(self, store, run):
+        run_id, epoch = run
+        evs = [WorkerJoined(f"w{i}", "inference") if i % 3 == 0 else assigned(1, i)[0] for i in range(12)]
+        store.append(run_id, evs, expected_seq=0, epoch=epoch)
+        store.create_run("other")
+        store.append("other", assigned(4), expected_seq=0, epoch=store.acquire_epoch("other"))
+        digests = {r.seq: r.digest for r in store.scan(run_id)} | {0: chain.GENESIS}
+        got = list(store.scan_linked(run_id, ["WorkerJoined"]))
+        assert [r.seq for _, r in got] == [1, 4, 7, 10]  # events 0, 3, 6, 9
+        assert all(prev == digests[r.seq - 1] and chain.link(prev, r.kind, r.version, r.body) == r.digest
+                   for prev, r in got)
+        ranged = list(store.scan_linked(run_id, ["RolloutAssigned", "WorkerJoined"], 5, 8))
+        assert [(r.seq, r.kind, prev) for prev, r in ranged] == [
+            (s, "WorkerJoined" if s % 3 == 1 else "RolloutAssigned", digests[s - 1]) for s in range(5, 9)]
+        assert [r.seq for _, r in store.scan_linked(run_id)] == list(range(1, 13))
+        assert (store.count(run_id), store.count("other")) == (12, 4)
+        with pytest.raises(RunNotFound):
+            list(store.scan_linked("nope"))
+
     # -- verification and repair -------------------------------------------------------------------
 
     def test_intact_run_verifies(self, store, run):
