@@ -470,7 +470,7 @@ def build_scoring(config: Config, *, log: Log = print):
 
 def build_session(config: Config, *, log: Log = print, judge: bool = True, warm: bool = True,
                   warm_checkpoint: bool = False, built: tuple[Any, str | None] | None = None,
-                  engine: bool = True) -> Session:
+                  engine: bool = True, progress: bool = False) -> Session:
     """Task, tokenizer, initial model (after the supervised warm start), engine and step config.
 
     With ``judge`` a task with code tests gets its sandboxed code verifier now, so a refused
@@ -480,7 +480,8 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
     A ``model.path`` checkpoint is used as it is unless ``warm_checkpoint`` (``rlx pretrain``).
     ``built``: what ``build_task`` returned for this config, if it was called already. Without
     ``engine`` no engine is built (``Session.engine`` is None; ``new_engine`` still builds one):
-    for a replay that re-trains and samples nothing.
+    for a replay that re-trains and samples nothing. With ``progress`` a warm start that trains
+    shows its steps on stderr.
     """
     from runtime.trainer.pretrain import cached_warm_start
 
@@ -494,9 +495,8 @@ def build_session(config: Config, *, log: Log = print, judge: bool = True, warm:
     p = config.pretrain
     if warm and p.steps > 0 and (config.model.path is None or warm_checkpoint):
         cache_dir = p.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlx", "warm_start")
-        log(f"warm start: {p.steps} supervised steps (cached in {cache_dir})")
         model, path, cached = cached_warm_start(model, task, codec, p, seed=config.run.seed, width=width,
-                                                cache_dir=cache_dir)
+                                                cache_dir=cache_dir, log=log, progress=progress)
         warm_start = {"steps": p.steps, "cached": cached, "checkpoint": path}
     shape = EngineShape.for_run(config, width)
     return Session(config, task, model.tokenizer, model, codec, width, shape, shape.build(model) if engine else None,

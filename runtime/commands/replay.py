@@ -36,9 +36,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     compile_cache.enable()
     report = replay_run(
         args.directory, run_id=args.run_id, from_version=args.from_version, regenerate=args.regenerate,
-        check_snapshots=args.check_snapshots,
-        log=(lambda m: None) if args.json else _stderr,
-        warn=lambda m: _stderr(f"rlx: warning: {m}"),
+        check_snapshots=args.check_snapshots, log=_stderr, warn=lambda m: _stderr(f"rlx: warning: {m}"),
+        progress=True,  # on stderr, with --json too: stdout holds only the answer
     )
     if args.json:
         print(json.dumps(report.to_dict(), sort_keys=True))

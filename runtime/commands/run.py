@@ -125,7 +125,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         if os.path.exists(os.path.join(args.out, "config.json")):
             raise UsageError(f"{args.out!r} already holds a checkpoint (config.json); choose another --out")
     console = Console()
-    session = build_session(config, log=lambda m: console.print(m), warm_checkpoint=True)
+    session = build_session(config, log=lambda m: console.print(m), warm_checkpoint=True, progress=True)
     rate = greedy_pass_rate(session.engine, session.task, session.codec, session.model.params,
                             size=config.eval.size, max_tokens=config.max_tokens)
     warm = session.warm_start

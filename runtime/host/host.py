@@ -207,29 +207,26 @@ class _Stall:
 
 
 class _Progress:
-    """A live bar of the run's steps, reward, pass rate and token rate."""
+    """The run's steps, reward, pass rate and token rate, shown on stderr (``runtime.progress``)."""
 
     def __init__(self, ctrl, steps: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from runtime.progress import Progress
 
         self.ctrl = ctrl
         self.t0, self.tokens0 = time.monotonic(), ctrl.completed_tokens
-        self.bar = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[info]}"))
-        self.bar.start()
-        self.task = self.bar.add_task("rl", total=steps, info="")
+        self.bar = Progress("run", steps)
 
     def update(self, now: float) -> None:
         ctrl = self.ctrl
         m = ctrl.last_metrics
         rate = (ctrl.completed_tokens - self.tokens0) / max(now - self.t0, 1e-9)
-        info = (f"reward {m.get('reward_mean', 0):.3f}  pass {m.get('pass_rate', 0):.1%}  "
+        info = (f"reward {m.get('reward_mean', 0):.3f}, pass {m.get('pass_rate', 0):.1%}, "
                 f"{rate:,.0f} tok/s") if m else "starting"
-        self.bar.update(self.task, completed=ctrl.state.trained, info=info)
+        self.bar.update(ctrl.state.trained, info)
 
     def stop(self) -> None:
-        self.bar.update(self.task, completed=self.ctrl.state.trained)
-        self.bar.stop()
+        self.bar.update(self.ctrl.state.trained, self.bar.info)
+        self.bar.close(finished=self.ctrl.finished)
 
 
 __all__ = ["Host"]

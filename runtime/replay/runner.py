@@ -28,6 +28,7 @@ from collections.abc import Callable
 from runtime import inputs as run_inputs
 from runtime.config import Config
 from runtime.errors import UsageError
+from runtime.progress import Progress
 from runtime.replay.divergence import Divergence, compare_rollout, compare_step, compare_version0, fingerprint_diff
 from runtime.replay.plan import ReplayIndex, Sampled, StepPlan, index_run, replay_start, stream_replay
 from runtime.replay.report import ReplayReport, ordered
@@ -42,7 +43,8 @@ def _quiet(message: str) -> None:
 
 
 def replay_run(directory: str, *, run_id: str | None = None, from_version: int = 0, regenerate: bool = False,
-               check_snapshots: bool = False, log: Log = _quiet, warn: Log = _quiet) -> ReplayReport:
+               check_snapshots: bool = False, log: Log = _quiet, warn: Log = _quiet,
+               progress: bool = False) -> ReplayReport:
     """Replay the run in ``directory`` (see the module docstring), streaming its events.
 
     Args:
@@ -56,6 +58,8 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
         log up to its seq.
       log: progress lines.
       warn: called once when the current fingerprint differs from the recorded one.
+      progress: show the passes over the log, the warm start and the re-trained steps on stderr
+        (``runtime.progress``).
 
     Raises:
       UsageError: bad directory, run or ``from_version``.
@@ -66,14 +70,15 @@ def replay_run(directory: str, *, run_id: str | None = None, from_version: int =
     rundir.check_exists()
     with open_store(directory, readonly=True) as store:
         run_id = rundir.select_run(store, run_id)
-        return _Replay(directory, store, run_id, log, warn).run(from_version, regenerate, check_snapshots)
+        return _Replay(directory, store, run_id, log, warn, progress).run(from_version, regenerate, check_snapshots)
 
 
 class _Replay:
     """One replay of one run, each stage a streaming pass over the store."""
 
-    def __init__(self, directory: str, store, run_id: str, log: Log, warn: Log):
+    def __init__(self, directory: str, store, run_id: str, log: Log, warn: Log, progress: bool = False):
         self.directory, self.store, self.run_id, self.log, self.warn = directory, store, run_id, log, warn
+        self.progress = progress
         self.t0 = time.monotonic()
         self.start = 0
         self.requested = 0
@@ -115,6 +120,7 @@ class _Replay:
         from runtime.session import fingerprint
 
         self.start = self.requested = from_version  # until the index says which kept version re-training starts from
+        self.log(f"verifying the hash chain of run {self.run_id!r}")
         chain = self.store.verify(self.run_id)
         if not chain.ok:
             seq = chain.first_bad_seq or 0
@@ -124,7 +130,8 @@ class _Replay:
                 bad = None
             return self.report([Divergence("ledger", seq, "missing" if bad is None else bad.kind, "chain",
                                            f"hash chain: {chain.reason}")])
-        index = index_run(self.events())
+        with Progress("reading the log", chain.events, unit="events", enabled=self.progress) as bar:
+            index = index_run(_counted(self.events(), bar))
         self.steps_total = len(index.steps)
         # Replay re-trains from logged outcomes and judges nothing: its stack is compared with the
         # trainer's (the host's in RunStarted, where no trainer joined: on its own devices it may run
@@ -177,7 +184,7 @@ class _Replay:
                      "are the fold's")
 
         self._check_trainer_layouts(index)
-        rerun = _Rerun(index, self.directory, pstore, self.log, sample=regenerate)
+        rerun = _Rerun(index, self.directory, pstore, self.log, sample=regenerate, progress=self.progress)
         if regenerate:
             for shape in index.engine_shapes:
                 rebuilt = rerun.session.engine.batch_shape
@@ -186,15 +193,29 @@ class _Replay:
                     self.warn(f"the rebuilt engine's batch shape differs from the run's ({', '.join(differs)}): "
                               "re-sampled bits may differ")
         divergences += rerun.start(start)
-        if not rerun.stopped:
-            for item in stream_replay(self.events(), index, start=start, sampled=regenerate):
-                if isinstance(item, StepPlan):
-                    divergences += rerun.train(item)
-                    if rerun.stopped:
-                        break
-                else:
-                    divergences += rerun.regenerate(item)
+        steps = sum(step.step > start for step in index.steps)
+        with Progress("replay", steps, enabled=self.progress and not rerun.stopped) as bar:
+            if not rerun.stopped:
+                for item in stream_replay(self.events(), index, start=start, sampled=regenerate):
+                    if isinstance(item, StepPlan):
+                        divergences += rerun.train(item)
+                        if rerun.stopped:
+                            break
+                    else:
+                        divergences += rerun.regenerate(item)
+                    resampled = f", {rerun.regenerated:,} rollouts re-sampled" if regenerate else ""
+                    bar.update(rerun.verified - (start == 0), f"{rerun.verified} versions match{resampled}")
         return self.report(divergences, verified=rerun.verified, final=rerun.final, regenerated=rerun.regenerated)
+
+
+def _counted(events, bar: Progress, every: int = 4096):
+    """``events`` as they are, counted on ``bar`` every ``every`` events and at the end."""
+    n = 0
+    for n, stored in enumerate(events, 1):
+        if n % every == 0:
+            bar.update(n)
+        yield stored
+    bar.update(n)
 
 
 def recorded_engine_shapes(events) -> list[dict]:
@@ -231,7 +252,7 @@ def _check_stored(plan: ReplayIndex, pstore, url: str) -> list[Divergence]:
 class _Rerun:
     """The session, a private parameter store and the run's workers, re-running versions in order."""
 
-    def __init__(self, plan: ReplayIndex, directory: str, pstore, log: Log, *, sample: bool):
+    def __init__(self, plan: ReplayIndex, directory: str, pstore, log: Log, *, sample: bool, progress: bool = False):
         import tensorstore as ts
 
         from runtime.params import ParamStore
@@ -240,7 +261,7 @@ class _Rerun:
 
         self.plan, self.pstore, self.log = plan, pstore, log
         config = run_inputs.located(Config.from_dict(plan.run.config), plan.run.fingerprint)
-        session = build_session(config, log=log, judge=False, engine=False)
+        session = build_session(config, log=log, judge=False, engine=False, progress=progress)
         if sample:
             # The engine the run's inference workers recorded (the bits of a completion follow
             # from its shape), or, where they recorded none or several, the config's.
@@ -307,8 +328,9 @@ class _Rerun:
         differs = any(d.kind == published.KIND for d in found)
         self.stopped = differs
         self.verified += not differs
-        self.log(f"step {step.step}: digest {published.digest[:16]} {'differs' if differs else 'matches'}"
-                 f"{' (step metrics differ)' if found and not differs else ''}")
+        if found:  # the steps that match are counted on the progress display
+            self.log(f"step {step.step}: digest {published.digest[:16]} {'differs' if differs else 'matches'}"
+                     f"{' (step metrics differ)' if not differs else ''}")
         return found
 
     def regenerate(self, batch: Sampled) -> list[Divergence]:
@@ -320,6 +342,7 @@ class _Rerun:
         got = {c.rollout_id: c for c in self.sampler.generate([r.lease for r in sampled])}
         self.regenerated += len(sampled)
         out = [d for r in sampled if (d := compare_rollout(r, got[r.lease.rollout_id])) is not None]
-        self.log(f"version {version}: re-sampled {len(sampled)} rollouts, {len(out)} differ")
+        if out:
+            self.log(f"version {version}: re-sampled {len(sampled)} rollouts, {len(out)} differ")
         return out
 

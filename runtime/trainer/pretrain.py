@@ -23,6 +23,7 @@ from runtime import rng
 from runtime.config import PretrainConfig
 from runtime.errors import UsageError
 from runtime.model import Model, forward, load_hf, save_hf
+from runtime.progress import Progress
 from runtime.tasks.base import Task, TextCodec
 from runtime.trainer.optimizer import OptimizerConfig, transformation
 
@@ -120,13 +121,22 @@ def cache_key(model: Model, task: Task, config: PretrainConfig, seed: int, width
 
 
 def cached_warm_start(model: Model, task: Task, codec: TextCodec, config: PretrainConfig, *, seed: int, width: int,
-                      cache_dir: str, progress=None) -> tuple[Model, str, bool]:
-    """``warm_start`` through an on-disk cache; returns (model, checkpoint dir, loaded_from_cache)."""
+                      cache_dir: str, progress: bool = False, log=None) -> tuple[Model, str, bool]:
+    """``warm_start`` through an on-disk cache; returns (model, checkpoint dir, loaded_from_cache).
+    ``log`` (if given) is told first whether the warm start loads from the cache or trains; with
+    ``progress`` the training steps are shown on stderr (``runtime.progress``)."""
     path = os.path.join(cache_dir, cache_key(model, task, config, seed, width, codec))
     if os.path.isfile(os.path.join(path, "config.json")):
+        if log is not None:
+            log(f"warm start: loading {config.steps} supervised steps from the cache ({path})")
         loaded = load_hf(path, dtype=model.config.dtype)  # a checkpoint keeps no compute dtype
         return loaded, path, True
-    trained, _ = warm_start(model, task, codec, config, seed=seed, width=width, progress=progress)
+    if log is not None:
+        log(f"warm start: training {config.steps} supervised steps of {config.batch_size} problems (not in the cache; "
+            f"kept in {path} for the next run with the same model, data and pretrain section)")
+    with Progress("warm start", config.steps, enabled=progress) as bar:
+        trained, _ = warm_start(model, task, codec, config, seed=seed, width=width,
+                                progress=lambda done, loss: bar.update(done, f"loss {loss:.3f}"))
     tmp = path + f".tmp{os.getpid()}"
     save_hf(tmp, trained)
     os.makedirs(cache_dir, exist_ok=True)
