@@ -35,7 +35,7 @@ EXAMPLE = ROOT / "configs" / "example_reward.py"
 def items(batch: int) -> list[tuple[str, str, str | None]]:
     """``batch`` arithmetic problems, each with a right, a wrong or a wordy completion."""
     task = make_task("arithmetic", seed=0)
-    out = []
+    out: list[tuple[str, str, str | None]] = []
     for i in range(batch):
         p = task.problem("train", i)
         assert p.answer is not None
@@ -73,7 +73,7 @@ def main() -> None:
         rewards = [o.reward for o in verifier.score(batch)]
         assert rewards == [reward(*item) for item in batch], "the sandbox and this process disagree"
         sandboxed = per_completion(verifier.score, batch, args.repeats)
-        one = per_completion(verifier.score, batch[:1], args.repeats) * 1
+        one = per_completion(verifier.score, batch[:1], args.repeats)
         level = sandbox.level.value
     inprocess = per_completion(lambda b: [reward(*item) for item in b], batch, args.repeats)
     math = per_completion(lambda b: [verify_math(answer, completion) for _, completion, answer in b], batch,
