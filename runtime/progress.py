@@ -59,6 +59,7 @@ class Progress:
         self.clock = clock
         self.done, self.info = 0, ""
         self.t0 = self.last = clock()
+        self.first: tuple[float, int] | None = None  # (time, done) of the first update: the rate excludes a compile
         self.every = interval_s() if enabled else 0.0
         self.bar = None
         if not enabled:
@@ -89,8 +90,9 @@ class Progress:
         if self.total:
             parts[0] += f" ({100 * self.done / self.total:.0f}%)"
         parts.append(_duration(elapsed))
-        if not final and self.total and 0 < self.done < self.total:
-            parts.append(f"about {_duration(elapsed * (self.total - self.done) / self.done)} left")
+        if not final and self.total and self.first is not None and self.first[1] < self.done < self.total:
+            rate = (self.done - self.first[1]) / max(self.clock() - self.first[0], 1e-9)
+            parts.append(f"about {_duration((self.total - self.done) / rate)} left")
         if self.info:
             parts.append(self.info)
         head = f"{self.label}: {final}, " if final else f"{self.label}: "
@@ -99,6 +101,8 @@ class Progress:
     def update(self, done: int, info: str = "") -> None:
         """``done`` units finished so far; ``info`` a few words on the latest (e.g. a loss)."""
         self.done, self.info = done, info
+        if self.first is None:
+            self.first = (self.clock(), done)
         if not self.enabled:
             return
         if self.bar is not None:

@@ -41,13 +41,26 @@ def test_off_a_terminal_a_line_at_the_start_every_interval_and_at_the_end(monkey
         for step in range(1, 11):
             clock.now += 2.0  # a line when 5 s have passed since the last: after steps 3, 6 and 9
             bar.update(step, f"loss {1 / step:.3f}")
+    # The time left is at the rate since the first step (a first step that compiles is slower):
+    # 4 s for steps 2 and 3 leave 14 s for 7 more; 10 s for steps 2 to 6, 8 s for 4.
     assert out.getvalue().splitlines() == [
         "warm start: 0/10 steps (0%), 0 s",
-        "warm start: 3/10 steps (30%), 6 s, about 14 s left, loss 0.333",  # 6 s for 3 steps: 14 s for 7
+        "warm start: 3/10 steps (30%), 6 s, about 14 s left, loss 0.333",
         "warm start: 6/10 steps (60%), 12 s, about 8 s left, loss 0.167",
         "warm start: 9/10 steps (90%), 18 s, about 2 s left, loss 0.111",
         "warm start: done, 10/10 steps (100%), 20 s, loss 0.100",
     ]
+
+
+def test_a_slow_first_step_does_not_count_in_the_time_left(monkeypatch):
+    monkeypatch.setenv(INTERVAL_ENV, "0")
+    clock, out = _Clock(), io.StringIO()
+    with Progress("run", 100, stream=out, clock=clock) as bar:
+        clock.now += 30.0  # the first step compiles
+        bar.update(1)
+        clock.now += 2.0
+        bar.update(3)  # 1 s a step since the first: 97 s for the 97 left
+    assert out.getvalue().splitlines()[2] == "run: 3/100 steps (3%), 32 s, about 1 min 37 s left"
 
 
 def test_an_unknown_total_a_failure_and_a_disabled_display(monkeypatch):
