@@ -437,7 +437,8 @@ def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple
     task = make_task(config)
     sandbox = None
     reward, recorded = config.verifier.reward, config.verifier.reward_digest
-    if judge and (task.has_code or reward is not None):  # the isolation is settled before anything is trained
+    module = load_reward(reward, recorded) if judge and reward is not None else None  # read before the sandbox
+    if judge and (task.has_code or module is not None):  # the isolation is settled before anything is trained
         from verifiers.code import CodeVerifier, WeakIsolationRefused
 
         try:
@@ -450,13 +451,13 @@ def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple
                              "network; set verifier.isolation=\"rlimits\" to accept it") from None
         sandbox = code_verifier.sandbox.describe()
         log(f"code sandbox: {sandbox}")
-        if reward is None:
+        if module is None:
             task.code_verifier = code_verifier
         else:
             from runtime.tasks.reward import UserReward
             from verifiers.reward import RewardVerifier
 
-            task = UserReward(task, RewardVerifier(load_reward(reward, recorded), code_verifier.sandbox))
+            task = UserReward(task, RewardVerifier(module, code_verifier.sandbox))
             task.check()
     return task, sandbox
 
