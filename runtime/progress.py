@@ -71,7 +71,7 @@ class Progress:
 
             self.bar = Bar(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                            TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                           console=Console(file=self.stream))
+                           console=Console(file=self.stream), redirect_stdout=False)  # stdout: the answer
             self.bar.start()
             self.task = self.bar.add_task(label, total=total, info="")
         else:
