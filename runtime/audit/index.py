@@ -4,8 +4,10 @@ A run of the built-in demo holds about a million events, nearly all of them the 
 outcomes of its rollouts; a query (``rlx audit DIR version V | rollout ID | step S``) needs the
 life of a few hundred rollouts at most. :func:`query_events` reads:
 
-1. the run's *spine*: every event of the kinds that name versions, steps, groups and requests
-   (:data:`SPINE`, about 7% of a demo's events), which the database selects by kind;
+1. the run's *spine*: every event of the kinds that name versions, steps and groups
+   (:data:`SPINE`; under 1% of a demo's events), which the database selects by kind, and the
+   requests of the rollouts the query is about: for a version's batch, read back from the
+   ``BatchFormed`` until each is found; for one rollout, every request of the run;
 2. the rollouts the query is about (the batch of step ``V``, or rollout ``ID``), and for each the
    seqs where the fold admits events about it: from its request to the event that takes its
    group out of the controller's state (the ``BatchFormed`` that consumes it or the
@@ -34,7 +36,7 @@ from runtime.audit.provenance import Provenance
 
 SPINE = ("RunStarted", "RolloutRequested", "GroupDiscarded", "BatchFormed", "TrainStepCompleted",
          "WeightsPublished", "VersionsRetired", "VersionEvaluated")
-"""Kinds read whole for every query: the version, step, group and request records."""
+"""Kinds of the version, step, group and request records (requests only as far as needed)."""
 LIFE = ("RolloutAssigned", "RolloutAbandoned", "RolloutCompleted", "OutcomeRecorded")
 """Kinds about single rollouts, read only over the seqs of the rollouts a query is about."""
 QUERIES = ("version", "rollout", "step")
@@ -95,6 +97,24 @@ def _subjects(spine: list[StoredEvent], what: str, n: int) -> set[int]:
     return set()
 
 
+def _requests(store: EventStore, run_id: str, subjects: set[int], below: int) -> list[StoredEvent]:
+    """The requests of ``subjects``, all made before seq ``below``: read back from there in
+    growing seq ranges until every subject's is found (the controller requests each rollout id
+    once, so the nearest is the only one), not over the whole run."""
+    found: list[StoredEvent] = []
+    missing = set(subjects)
+    hi, width = below - 1, 4096
+    while missing and hi >= 1:
+        lo = max(1, hi - width + 1)
+        chunk = [(s, s.event.rollout_ids) for s in _checked(store, run_id, ("RolloutRequested",), lo, hi)
+                 if type(s.event) is ev.RolloutRequested]
+        found += [s for s, ids in chunk if not missing.isdisjoint(ids)]
+        for _, ids in chunk:
+            missing.difference_update(ids)
+        hi, width = lo - 1, width * 2
+    return found
+
+
 def query_events(store: EventStore, run_id: str, what: str, n: int) -> Provenance:
     """The provenance index query ``what n`` (one of :data:`QUERIES`) needs, read from ``store``.
 
@@ -105,8 +125,13 @@ def query_events(store: EventStore, run_id: str, what: str, n: int) -> Provenanc
     if what not in QUERIES:
         raise ValueError(f"unknown audit query {what!r}; known: {', '.join(QUERIES)}")
     head = store.head(run_id).seq
-    spine = _checked(store, run_id, SPINE, 1, head)
+    spine = _checked(store, run_id, [k for k in SPINE if k != "RolloutRequested"], 1, head)
     subjects = _subjects(spine, what, n)
+    if what == "rollout":  # its request names its group; where it is, only the requests say
+        spine = sorted(spine + _checked(store, run_id, ("RolloutRequested",), 1, head), key=lambda s: s.seq)
+    elif subjects:  # a batch's rollouts were requested before it was formed
+        formed = next(s.seq for s in spine if type(s.event) is ev.BatchFormed and s.event.step == n)
+        spine = sorted(spine + _requests(store, run_id, subjects, formed), key=lambda s: s.seq)
     life: list[StoredEvent] = []
     for lo, hi in _spans(spine, subjects, head):
         life += _checked(store, run_id, LIFE, lo, hi)
