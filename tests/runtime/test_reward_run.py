@@ -140,3 +140,26 @@ def test_the_example_reward_with_the_example_config():
     assert [task.reward(o) for o in outcomes] == [1.0, 0.5, 0.0] and [o.passed for o in outcomes] == [True, False, False]
     digest = hashlib.sha256((root / "configs" / "example_reward.py").read_bytes()).hexdigest()
     assert resolve(config, task).verifier.reward_digest == digest
+
+
+def test_a_relative_reward_file_is_recorded_and_located_by_absolute_path(tmp_path, monkeypatch):
+    """As for data files: the config keeps the name as typed, the run's inputs its absolute path,
+    and a resume or replay from another directory builds from that path, function name kept."""
+    import dataclasses
+
+    from runtime import inputs
+    from runtime.config import Config
+
+    (tmp_path / "r.py").write_text(REWARD.replace("def reward", "def score"), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    config = Config.from_dict({"verifier": {"reward": "r.py:score"}})
+    recorded = inputs.record(config)
+    digest = _sha(REWARD.replace("def reward", "def score"))
+    assert recorded == {"reward": {"path": str(tmp_path / "r.py"), "files": {"r.py": digest}}}
+    monkeypatch.chdir(tmp_path.parent)
+    located = inputs.located(config, {"inputs": recorded})
+    assert located.verifier.reward == f"{tmp_path / 'r.py'}:score" and config.verifier.reward == "r.py:score"
+    assert inputs.check(located, {"inputs": recorded}, what="resume", warn=print) == recorded
+    gone = dataclasses.replace(located, verifier=dataclasses.replace(located.verifier, reward=None))
+    with pytest.raises(UsageError, match=f"cannot resume: the run read reward from '{tmp_path / 'r.py'}', which"):
+        inputs.check(gone, {"inputs": recorded}, what="resume", warn=print)
