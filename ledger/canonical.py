@@ -177,3 +177,18 @@ def pack_fields(names: Sequence[str], fields: Mapping[str, Any], what: str) -> b
     except (OverflowError, ValueError, TypeError) as e:
         _local.packer = None  # a failed pack may leave bytes in the packer's buffer
         raise CodecError(f"cannot encode {what}: {e}") from None
+
+
+def pack_values(names: Sequence[str], fields: Mapping[str, Any], what: str) -> bytes:
+    """``pack([fields[name] for name in names])`` for ``names`` already sorted, with this thread's
+    reused packer: the array of field values that an event body is (``ledger.codec``)."""
+    values = []
+    for name in names:
+        v = fields[name]
+        t = type(v)
+        values.append(v if t in _SCALARS else _pack_array(v) if t is np.ndarray else canonical(v))
+    try:
+        return _packer().pack(values)
+    except (OverflowError, ValueError, TypeError) as e:
+        _local.packer = None  # a failed pack may leave bytes in the packer's buffer
+        raise CodecError(f"cannot encode {what}: {e}") from None

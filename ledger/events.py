@@ -1,10 +1,11 @@
 """The event vocabulary of a run.
 
 Every event is a frozen dataclass with a stable ``KIND`` string and a schema ``VERSION``. The
-store keeps ``(kind, version, body)``; the body is the canonical msgpack encoding of the fields
-(``ledger.codec``). When a kind gains or changes a field, its ``VERSION`` goes up and an upcaster
-``(kind, old_version) -> new body`` is registered, so bodies written by older software are read
-as current events (as in pyeventsourcing's upcasting).
+store keeps ``(kind, version, body)``; the body is the canonical msgpack encoding of the field
+values in the order of their sorted names (``ledger.codec``). When a kind gains or changes a
+field, its ``VERSION`` goes up and an upcaster ``(kind, old_version) -> new body`` is registered
+with the old version's field names, so bodies written by older software are read as current
+events (as in pyeventsourcing's upcasting).
 
 Field values are limited to what the codec can encode canonically: ``None``, ``bool``, ``int``,
 ``float``, ``str``, ``bytes``, tuples, dicts with string keys, and numpy arrays (token ids,
@@ -98,6 +99,7 @@ class Registry:
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         self._field_names: dict[str, tuple[str, ...]] = {}
         self._required: dict[str, frozenset[str]] = {}
+        self._layouts: dict[tuple[str, int], tuple[str, ...]] = {}
         # kind -> (class, current version, field names sorted): the decoder's fast path.
         self.current: dict[str, tuple[type[Event], int, tuple[str, ...]]] = {}
 
@@ -108,6 +110,7 @@ class Registry:
         self._classes[cls.KIND] = cls
         self._field_names[cls.KIND] = tuple(f.name for f in fields)
         self.current[cls.KIND] = (cls, cls.VERSION, tuple(sorted(f.name for f in fields)))
+        self._layouts[(cls.KIND, cls.VERSION)] = self.current[cls.KIND][2]
         self._required[cls.KIND] = frozenset(
             f.name
             for f in fields
@@ -115,11 +118,19 @@ class Registry:
         )
         return cls
 
-    def register_upcaster(self, kind: str, from_version: int, fn: Upcaster) -> None:
+    def register_upcaster(self, kind: str, from_version: int, fn: Upcaster,
+                          fields: tuple[str, ...] | None = None) -> None:
         key = (kind, from_version)
         if key in self._upcasters:
             raise ValueError(f"upcaster for {kind!r} v{from_version} registered twice")
         self._upcasters[key] = fn
+        if fields is not None:
+            self._layouts[key] = tuple(sorted(fields))
+
+    def layout(self, kind: str, version: int) -> tuple[str, ...] | None:
+        """The sorted field names of ``kind`` at schema ``version``: the order of the values of a
+        body stored as an array (``ledger.codec``); None when that version's fields are unknown."""
+        return self._layouts.get((kind, version))
 
     def cls(self, kind: str) -> type[Event] | None:
         return self._classes.get(kind)
@@ -158,11 +169,18 @@ def event(kind: str, version: int = 1, registry: Registry = EVENTS) -> Callable[
     return wrap
 
 
-def upcaster(kind: str, from_version: int, registry: Registry = EVENTS) -> Callable[[Upcaster], Upcaster]:
-    """Decorator: register ``fn(body_v) -> body_v+1`` for bodies of ``kind`` at ``from_version``."""
+def upcaster(kind: str, from_version: int, registry: Registry = EVENTS, *,
+             fields: tuple[str, ...] | None = None) -> Callable[[Upcaster], Upcaster]:
+    """Decorator: register ``fn(body_v) -> body_v+1`` for bodies of ``kind`` at ``from_version``.
+
+    ``fields``: the field names of ``kind`` at ``from_version``. Bodies are stored as arrays of
+    field values, so when a kind's ``VERSION`` goes up, the upcaster from the version before
+    must name that version's fields for its stored bodies to be read (bodies of versions whose
+    ledgers predate array bodies are maps and need none).
+    """
 
     def wrap(fn: Upcaster) -> Upcaster:
-        registry.register_upcaster(kind, from_version, fn)
+        registry.register_upcaster(kind, from_version, fn, fields)
         return fn
 
     return wrap

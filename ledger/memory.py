@@ -127,15 +127,16 @@ class MemoryStore(EventStore):
     def stats(self) -> dict:
         with self._lock:
             by_kind: collections.Counter[str] = collections.Counter()
-            nbytes = 0
+            bytes_by_kind: collections.Counter[str] = collections.Counter()
             for recs in self._records.values():
                 for r in recs:
                     by_kind[r.kind] += 1
-                    nbytes += len(r.body)
+                    bytes_by_kind[r.kind] += len(r.body)
             return {
                 "url": self.url,
                 "runs": {r: len(v) for r, v in sorted(self._records.items())},
                 "events": sum(by_kind.values()),
                 "events_by_kind": dict(sorted(by_kind.items())),
-                "body_bytes": nbytes,
+                "body_bytes": sum(bytes_by_kind.values()),
+                "body_bytes_by_kind": dict(sorted(bytes_by_kind.items())),
             }

@@ -413,6 +413,7 @@ class _SqlStore(EventStore):
             "events": sum(int(c) for _, c, _ in by_kind),
             "events_by_kind": {k: int(c) for k, c, _ in by_kind},
             "body_bytes": sum(int(b or 0) for _, _, b in by_kind),
+            "body_bytes_by_kind": {k: int(b or 0) for k, _, b in by_kind},
             **self._size(),
         }
 

@@ -8,7 +8,12 @@ baseline inserts the same pre-encoded rows into the same table layout with the s
 same durability. Ledger and baseline alternate in short slices (so a change in machine load
 hits both alike) and each reports events over its own summed time.
 
-Usage: python scripts/bench_ledger.py [--slices 20] [--events 40000] [--postgres URL]
+Bytes: a demo-shaped run (``--bytes-steps`` steps of 256 rollouts through the controller with
+simulated workers) is stored as written (bodies are arrays of field values) and, for comparison,
+with the same events as map bodies (field names in every record, as older ledgers hold them):
+file bytes and body bytes per event, and body bytes per event of each kind.
+
+Usage: python scripts/bench_ledger.py [--slices 20] [--events 40000] [--bytes-steps 50] [--postgres URL]
 The last line of output is a JSON object.
 """
 
@@ -115,6 +120,54 @@ def bench_replay(path: str, n: int) -> dict:
     return {"replay_eps": n / verify_s, "read_decode_eps": n / read_s, "replay_events": n}
 
 
+def _file_bytes(path: str) -> int:
+    """The size of a closed SQLite ledger: its write-ahead log is checkpointed into the file."""
+    return sum(os.path.getsize(path + suffix) for suffix in ("", "-wal") if os.path.exists(path + suffix))
+
+
+def bench_bytes(tmp: str, steps: int) -> dict:
+    """Bytes per event of a demo-shaped run (groups of 8, 32 a batch, 5-token completions),
+    written through the controller with simulated workers: as stored now (bodies are arrays of
+    field values) and with the same events stored as map bodies (field names in every record,
+    as ledgers were written before), each in a fresh SQLite file."""
+    from ledger.codec import encode_map_body
+    from runtime.config import load_config
+    from runtime.controller import ControllerLoop
+    from runtime.controller.simulation import run_to_end
+
+    config = load_config(None, [f"run.steps={steps}", "sampling.group_size=8", "scheduling.groups_per_batch=32",
+                                "sampling.max_tokens=5", "scheduling.max_staleness=1"], data_size=100_000)
+    with open_store(os.path.join(tmp, "arrays.db"), create=True, synchronous="OFF") as store:
+        loop = ControllerLoop.create(store, run_id="demo", config=config.to_dict(), config_digest=config.digest(),
+                                     seed=config.run.seed)
+        run_to_end(loop, workers=1, slots=256)
+        events = store.events("demo")
+        arrays = store.stats()
+    arrays["file_bytes"] = _file_bytes(os.path.join(tmp, "arrays.db"))
+    with open_store(os.path.join(tmp, "maps.db"), create=True, synchronous="OFF") as store:
+        store.create_run("demo")
+        epoch, head = store.acquire_epoch("demo"), 0
+        for i in range(0, len(events), 1000):
+            records = [(e.KIND, e.VERSION, encode_map_body(e)) for e in events[i : i + 1000]]
+            head = store._append_encoded("demo", records, head, epoch).seq
+        assert store.events("demo") == events  # the same facts either way
+        maps = store.stats()
+    maps["file_bytes"] = _file_bytes(os.path.join(tmp, "maps.db"))
+    n = len(events)
+    by_kind = {k: round(b / arrays["events_by_kind"][k], 1) for k, b in sorted(arrays["body_bytes_by_kind"].items())}
+    return {
+        "bytes_events": n,
+        "bytes_per_event": round(arrays["file_bytes"] / n, 1),
+        "body_bytes_per_event": round(arrays["body_bytes"] / n, 1),
+        "map_bytes_per_event": round(maps["file_bytes"] / n, 1),
+        "map_body_bytes_per_event": round(maps["body_bytes"] / n, 1),
+        "bytes_vs_map": round(arrays["file_bytes"] / maps["file_bytes"], 3),
+        "body_bytes_per_event_by_kind": by_kind,
+        "map_body_bytes_per_event_by_kind": {k: round(b / maps["events_by_kind"][k], 1)
+                                             for k, b in sorted(maps["body_bytes_by_kind"].items())},
+    }
+
+
 def bench_postgres(url: str, batch: int, total: int) -> float | None:
     try:
         import psycopg
@@ -146,6 +199,7 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=20, help="alternating slices per batch size")
     ap.add_argument("--events", type=int, default=40000, help="events per writer at batch >= 100")
     ap.add_argument("--replay-events", type=int, default=200000)
+    ap.add_argument("--bytes-steps", type=int, default=50, help="steps of the demo-shaped run whose bytes are counted")
     ap.add_argument("--postgres", default=os.environ.get("RLX_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     args = ap.parse_args()
 
@@ -159,6 +213,9 @@ def main() -> None:
             result[f"append_vs_raw_batch{batch}"] = round(le / re_, 3)
             print(f"batch {batch:>4}: ledger {le:>9.0f} ev/s   raw sqlite3 {re_:>9.0f} ev/s   ratio {le / re_:.2f}", file=sys.stderr)
         result.update(bench_replay(os.path.join(tmp, "replay.db"), args.replay_events))
+        result.update(bench_bytes(tmp, args.bytes_steps))
+        print(f"bytes per event: {result['bytes_per_event']} (map bodies: {result['map_bytes_per_event']})",
+              file=sys.stderr)
         print(f"verify (read+decode+chain): {result['replay_eps']:.0f} ev/s", file=sys.stderr)
     pg = bench_postgres(args.postgres, 100, 5000)
     result["postgres_append_eps_batch100"] = None if pg is None else round(pg)

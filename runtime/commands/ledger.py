@@ -169,9 +169,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     console.print(f"[bold]{stats['url']}[/]: {len(stats['runs'])} runs, {stats['events']} events, "
                   f"{stats['body_bytes']} body bytes" + "".join(
                       f", {k.replace('_', ' ')} {v}" for k, v in stats.items() if k.endswith("_bytes") and k != "body_bytes"))
-    t = Table("kind", "events")
+    t = Table("kind", "events", "body bytes")
     for k, n in stats["events_by_kind"].items():
-        t.add_row(k, str(n))
+        t.add_row(k, str(n), str(stats["body_bytes_by_kind"][k]))
     console.print(t)
     t = Table("run", "events")
     for r, n in stats["runs"].items():

@@ -45,7 +45,7 @@ import immutables
 
 from ledger import chain
 from ledger import events as ev
-from ledger.codec import decode_body, encode_event, pack, unpack
+from ledger.codec import decode_body, encode_event, encode_map_body, pack, unpack
 from ledger.errors import CodecError, CorruptLedger
 from ledger.store import EventStore, Head, RawRecord, StoredEvent, StoredSnapshot
 from runtime.controller.cache import RolloutCache
@@ -83,7 +83,9 @@ def body_digest(body: bytes) -> str:
 
 
 def _event(e: ev.Event) -> list:
-    return list(encode_event(e))
+    # Format 1 keeps events as the map bodies it was defined with, so the snapshots of every
+    # ledger, older ones included, are still proved byte for byte against the fold.
+    return [e.KIND, e.VERSION, encode_map_body(e)]
 
 
 def encode(state: ControllerState, cache: RolloutCache) -> bytes:

@@ -105,7 +105,8 @@ def test_unknown_kind_is_a_codec_error_naming_known_kinds():
     "body, message",
     [
         (b"\xc1", "malformed msgpack"),  # 0xc1 is never used by msgpack
-        (b"\x93\x01\x02\x03", "expected a map"),
+        (b"\x01", "expected an array or a map of fields"),
+        (b"\x93\x01\x02\x03", r"3 values for the 5 fields \['epoch', "),
         (pack({"epoch": 1}) + b"\x00", "malformed msgpack"),  # trailing bytes
         (pack({"epoch": 1}), "missing fields"),
         (pack({"epoch": 1, "head_seq": 0, "extra": 2}), "unknown fields"),

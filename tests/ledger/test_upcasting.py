@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import CodecError, Event, MemoryStore, Registry, decode_body, event, pack, upcaster
+from ledger import CodecError, Event, MemoryStore, Registry, decode_body, encode_body, event, pack, upcaster
+from ledger.codec import encode_map_body
 
 
 def _registries():
@@ -22,12 +23,13 @@ def _registries():
         reward: float  # v2 renamed score -> reward
         verifier: str  # v3 added the verifier name
 
-    @upcaster("Scored", 1, registry=v3)
+    # Bodies are arrays of field values: the upcaster from each old version names its fields.
+    @upcaster("Scored", 1, registry=v3, fields=("rollout_id", "score"))
     def _v1_to_v2(body):
         body["reward"] = body.pop("score")
         return body
 
-    @upcaster("Scored", 2, registry=v3)
+    @upcaster("Scored", 2, registry=v3, fields=("rollout_id", "reward"))
     def _v2_to_v3(body):
         body.setdefault("verifier", "unknown")
         return body
@@ -68,6 +70,29 @@ def test_missing_upcaster_is_a_codec_error():
 
     with pytest.raises(CodecError, match="no upcaster for Gap from schema version 1"):
         decode_body("Gap", 1, pack({"x": 1}), reg)
+
+
+def test_array_and_map_bodies_of_old_versions_read_alike_and_an_unknown_layout_is_named():
+    v1, v3, ScoredV1, ScoredV3 = _registries()
+    old = ScoredV1(4, 0.5)
+    array_body, map_body = encode_body(old), encode_map_body(old)
+    assert array_body != map_body and b"score" not in array_body and b"score" in map_body
+    assert decode_body("Scored", 1, array_body, v3) == decode_body("Scored", 1, map_body, v3) == ScoredV3(4, 0.5, "unknown")
+    plain = Registry()  # the same kinds, but the upcaster from version 1 names no fields
+
+    @event("Scored", version=2, registry=plain)
+    class ScoredV2(Event):
+        rollout_id: int
+        reward: float
+
+    @upcaster("Scored", 1, registry=plain)
+    def _(body):
+        body["reward"] = body.pop("score")
+        return body
+
+    assert decode_body("Scored", 1, map_body, plain) == ScoredV2(4, 0.5)
+    with pytest.raises(CodecError, match="Scored body of schema version 1 is an array, and no field layout"):
+        decode_body("Scored", 1, array_body, plain)
 
 
 def test_duplicate_registration_is_refused():
