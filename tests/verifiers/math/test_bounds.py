@@ -41,6 +41,11 @@ HOSTILE = [
 ]
 
 
+# Refused before the work: milliseconds alone, a second or two on a loaded machine. The work itself
+# would take minutes to hours and the pool's timeout is 20 s, so this ceiling tells them apart.
+AT_ONCE_S = 10.0
+
+
 @pytest.mark.parametrize("gold, response, verdict, words", HOSTILE, ids=lambda v: str(v)[:30])
 def test_hostile_answers_are_judged_at_once(gold, response, verdict, words):
     start = time.monotonic()
@@ -48,7 +53,7 @@ def test_hostile_answers_are_judged_at_once(gold, response, verdict, words):
     assert outcome.verdict is verdict, outcome.detail
     assert words in outcome.detail
     assert outcome.reward == (1.0 if verdict is Verdict.AC else 0.0)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < AT_ONCE_S
 
 
 def test_a_hostile_reference_is_an_internal_error():
@@ -64,7 +69,7 @@ def test_through_the_pool_hostile_answers_are_not_timeouts():
             start = time.monotonic()
             outcome = verifier.verify(gold, response)
             assert outcome.verdict is verdict, outcome.detail
-            assert time.monotonic() - start < 1.0
+            assert time.monotonic() - start < AT_ONCE_S
 
 
 def test_runtime_scoring_is_bounded_in_process():
@@ -79,7 +84,7 @@ def test_runtime_scoring_is_bounded_in_process():
     start = time.monotonic()
     scores = task.score([problem] * len(completions), completions)
     assert [s.reward for s in scores] == [0.0] * (len(completions) - 1) + [1.0]
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < AT_ONCE_S
 
 
 @pytest.mark.parametrize(
