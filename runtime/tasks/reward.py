@@ -26,6 +26,7 @@ class UserReward(Task):
         self.verifier = verifier
         self.name = task.name
         self.package, self.version = task.package, task.version
+        self.reads_path, self.takes_options, self.max_tokens = task.reads_path, task.takes_options, task.max_tokens
 
     def __getattr__(self, name: str) -> Any:  # what only the wrapped task has (a data file's path, ...)
         if name == "task":
@@ -56,7 +57,8 @@ class UserReward(Task):
         return self.task.max_prompt_tokens(codec, limit=limit, why=why)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.task.describe(), "reward": f"{self.verifier.module.path}:{self.verifier.module.function}"}
+        """The wrapped task's: the problems are its (the warm start's cache is keyed by them)."""
+        return self.task.describe()
 
     def data_row(self, index: int) -> dict[str, Any]:
         return self.task.data_row(index)

@@ -140,6 +140,9 @@ def test_the_example_reward_with_the_example_config():
     assert [task.reward(o) for o in outcomes] == [1.0, 0.5, 0.0] and [o.passed for o in outcomes] == [True, False, False]
     digest = hashlib.sha256((root / "configs" / "example_reward.py").read_bytes()).hexdigest()
     assert resolve(config, task).verifier.reward_digest == digest
+    from runtime.session import make_task
+
+    assert task.describe() == make_task(config).describe()  # the same problems: the same cached warm start
 
 
 def test_a_relative_reward_file_is_recorded_and_located_by_absolute_path(tmp_path, monkeypatch):
