@@ -129,7 +129,7 @@ def test_the_example_reward_with_the_example_config():
     import pathlib
 
     from runtime.config import load_config
-    from runtime.session import build_task, resolve
+    from runtime.session import build_task, make_task, resolve
 
     root = pathlib.Path(__file__).resolve().parents[2]
     spec = str(root / "configs" / "example_reward.py")
@@ -140,8 +140,6 @@ def test_the_example_reward_with_the_example_config():
     assert [task.reward(o) for o in outcomes] == [1.0, 0.5, 0.0] and [o.passed for o in outcomes] == [True, False, False]
     digest = hashlib.sha256((root / "configs" / "example_reward.py").read_bytes()).hexdigest()
     assert resolve(config, task).verifier.reward_digest == digest
-    from runtime.session import make_task
-
     assert task.describe() == make_task(config).describe()  # the same problems: the same cached warm start
 
 
