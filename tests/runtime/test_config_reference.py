@@ -76,3 +76,19 @@ def test_config_check_refuses_a_bad_value_in_one_line(capsys):
     assert main(["config", "check", str(EXAMPLE), "--set", "sampling.top_p=2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "sampling.top_p: 2.0 is not accepted; it must be in (0, 1]" in err
+
+
+ADDED_SINCE = {"verifier": ("reward", "reward_digest")}
+"""Fields added after ``DEFAULT_DIGEST`` was taken, each unset by default."""
+DEFAULT_DIGEST = "6b2e303e87ef7fec736eb950b6f212d3c0c36ea87b0369dd5ad653d937ce8c36"
+
+
+def test_descriptions_change_no_default():
+    """The default config, less the fields added since, has the digest it had before the fields
+    were described: a description is a docstring, never a value. A new field is listed in
+    ``ADDED_SINCE`` with its unset default; a changed default fails here."""
+    d = cfg.Config().to_dict()
+    for section, names in ADDED_SINCE.items():
+        for name in names:
+            assert d[section].pop(name) is None
+    assert cfg.config_digest(d) == DEFAULT_DIGEST
