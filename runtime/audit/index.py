@@ -4,9 +4,9 @@ A run of the built-in demo holds about a million events, nearly all of them the 
 outcomes of its rollouts; a query (``rlx audit DIR version V | rollout ID | step S``) needs the
 life of a few hundred rollouts at most. :func:`query_events` reads:
 
-1. the run's *spine*: every event of the kinds that name versions, steps and groups
-   (:data:`SPINE`; under 1% of a demo's events), which the database selects by kind, and the
-   requests of the rollouts the query is about: for a version's batch, read back from the
+1. the run's *spine* (:data:`SPINE`): every event of the kinds that name versions, steps and
+   groups (under 1% of a demo's events), which the database selects by kind, and the requests
+   of the rollouts the query is about: for a version's batch, read back from its
    ``BatchFormed`` until each is found; for one rollout, every request of the run;
 2. the rollouts the query is about (the batch of step ``V``, or rollout ``ID``), and for each the
    seqs where the fold admits events about it: from its request to the event that takes its
