@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TextIO
@@ -50,10 +51,12 @@ class Progress:
 
     Use as a context manager, calling ``update`` as the work advances; ``enabled=False`` shows
     nothing. ``stream`` (default ``sys.stderr``) gets a bar when it is a terminal, else lines.
+    Work that cannot count (a call that returns when done) passes ``tick``: its lines then come
+    from a timer, saying how long it has run (``unit=""``: no count).
     """
 
     def __init__(self, label: str, total: int | None, *, unit: str = "steps", enabled: bool = True,
-                 stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
+                 stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic, tick: bool = False):
         self.label, self.total, self.unit, self.enabled = label, total, unit, enabled
         self.stream = sys.stderr if stream is None else stream
         self.clock = clock
@@ -62,6 +65,8 @@ class Progress:
         self.first: tuple[float, int] | None = None  # (time, done) of the first update: the rate excludes a compile
         self.every = interval_s() if enabled else 0.0
         self.bar = None
+        self.stop: threading.Event | None = None
+        self.lock = threading.Lock()  # a timer's line and the last one, one after the other
         if not enabled:
             return
         if self.stream.isatty():
@@ -76,6 +81,14 @@ class Progress:
             self.task = self.bar.add_task(label, total=total, info="")
         else:
             self._line()
+            if tick:
+                self.stop = threading.Event()
+                threading.Thread(target=self._tick, args=(self.stop, self.every or 1.0), daemon=True,
+                                 name=f"progress: {label}").start()
+
+    def _tick(self, stop: threading.Event, every: float) -> None:
+        while not stop.wait(every):
+            self._line()
 
     def __enter__(self) -> Progress:
         return self
@@ -86,8 +99,8 @@ class Progress:
     def _line(self, final: str = "") -> None:
         elapsed = self.clock() - self.t0
         count = f"{self.done:,}" if self.total is None else f"{self.done:,}/{self.total:,}"
-        parts = [f"{count} {self.unit}"]
-        if self.total:
+        parts = [f"{count} {self.unit}"] if self.unit else []
+        if self.unit and self.total:
             parts[0] += f" ({100 * self.done / self.total:.0f}%)"
         parts.append(_duration(elapsed))
         if not final and self.total and self.first is not None and self.first[1] < self.done < self.total:
@@ -95,8 +108,8 @@ class Progress:
             parts.append(f"about {_duration((self.total - self.done) / rate)} left")
         if self.info:
             parts.append(self.info)
-        head = f"{self.label}: {final}, " if final else f"{self.label}: "
-        print(head + ", ".join(parts), file=self.stream, flush=True)
+        with self.lock:
+            print(f"{self.label}: {', '.join([final, *parts] if final else parts)}", file=self.stream, flush=True)
 
     def update(self, done: int, info: str = "") -> None:
         """``done`` units finished so far; ``info`` a few words on the latest (e.g. a loss)."""
@@ -118,6 +131,8 @@ class Progress:
         if not self.enabled:
             return
         self.enabled = False
+        if self.stop is not None:
+            self.stop.set()
         if self.bar is not None:
             self.bar.update(self.task, completed=self.done, info=self.info)
             self.bar.stop()

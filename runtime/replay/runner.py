@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from runtime import inputs as run_inputs
 from runtime.config import Config
@@ -34,6 +35,9 @@ from runtime.replay.plan import ReplayIndex, Sampled, StepPlan, index_run, repla
 from runtime.replay.report import ReplayReport, ordered
 from runtime.replay.source import open_params
 from runtime.rundir import RunDir
+
+if TYPE_CHECKING:
+    from ledger import EventStore
 
 Log = Callable[[str], None]
 
@@ -120,8 +124,9 @@ class _Replay:
         from runtime.session import fingerprint
 
         self.start = self.requested = from_version  # until the index says which kept version re-training starts from
-        self.log(f"verifying the hash chain of run {self.run_id!r}")
-        chain = self.store.verify(self.run_id)
+        with Progress(f"verifying the hash chain of run {self.run_id!r}", None, unit="", tick=True,
+                      enabled=self.progress):
+            chain = self.store.verify(self.run_id)
         if not chain.ok:
             seq = chain.first_bad_seq or 0
             try:
@@ -164,7 +169,11 @@ class _Replay:
         self.log(f"folding {index.events} events of run {self.run_id!r} with decision checks"
                  + (", proving its snapshots" if check_snapshots else ""))
         try:
-            _, proofs = snapshot.prove(self.store, self.run_id, snapshots=check_snapshots)
+            # Snapshots are proven on a second scan of the log: only the fold alone has a known length.
+            with Progress("folding the log", None if check_snapshots else chain.events, unit="events",
+                          enabled=self.progress) as bar:
+                counted = cast("EventStore", _CountedScans(self.store, bar))  # the store, its scans counted
+                _, proofs = snapshot.prove(counted, self.run_id, snapshots=check_snapshots)
         except ReplayDivergence as e:
             divergences.append(Divergence("controller", e.seq, e.kind, e.field, str(e)))
             return self.report(divergences)
@@ -216,6 +225,25 @@ def _counted(events, bar: Progress, every: int = 4096):
             bar.update(n)
         yield stored
     bar.update(n)
+
+
+class _CountedScans:
+    """``store`` with every record its ``scan`` yields counted on ``bar`` (the fold reads the log
+    through ``scan``); everything else is the store's own."""
+
+    def __init__(self, store, bar: Progress):
+        self._store, self._bar, self._n = store, bar, 0
+
+    def scan(self, *args, **kwargs):
+        for stored in self._store.scan(*args, **kwargs):
+            self._n += 1
+            if self._n % 4096 == 0:
+                self._bar.update(self._n)
+            yield stored
+        self._bar.update(self._n)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
 
 
 def recorded_engine_shapes(events) -> list[dict]:

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -78,6 +79,16 @@ def test_an_unknown_total_a_failure_and_a_disabled_display(monkeypatch):
     assert quiet.getvalue() == ""
 
 
+def test_work_that_cannot_count_ticks_with_its_time(monkeypatch):
+    monkeypatch.setenv(INTERVAL_ENV, "0.05")
+    out = io.StringIO()
+    with Progress("verifying the hash chain", None, unit="", stream=out, tick=True):
+        time.sleep(0.5)  # a call that returns when it is done: a line every 0.05 s meanwhile
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "verifying the hash chain: 0 s" and lines[-1] == "verifying the hash chain: done, 0 s"
+    assert len(lines) >= 3 and set(lines[1:-1]) == {"verifying the hash chain: 0 s"}
+
+
 def test_on_a_terminal_a_bar(monkeypatch):
     monkeypatch.delenv(INTERVAL_ENV, raising=False)
     out = _Terminal()
@@ -125,7 +136,9 @@ def test_rlx_replay_json_shows_progress_on_stderr_and_one_object_on_stdout(small
     report = json.loads(done.stdout)  # stdout is the one object, nothing else
     assert report["match"] is True and report["final_digest"] == summary["final_digest"]
     err = done.stderr.splitlines()
-    assert any(re.fullmatch(r"reading the log: done, ([\d,]+)/\1 events \(100%\), \d+ s", line) for line in err), err
+    for label in ("reading the log", "folding the log"):  # the index's pass, the fold's
+        assert any(re.fullmatch(rf"{label}: done, ([\d,]+)/\1 events \(100%\), \d+ s", line) for line in err), err
+    assert any(re.fullmatch(r"verifying the hash chain of run 'run': done, \d+ s", line) for line in err), err
     steps = [line for line in err if line.startswith("replay: ")]
     assert steps[0] == f"replay: 0/{small.STEPS} steps (0%), 0 s"
     assert steps[-1].startswith(f"replay: done, {small.STEPS}/{small.STEPS} steps (100%), ")
