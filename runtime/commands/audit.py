@@ -1,5 +1,7 @@
-"""``rlx audit DIR version V | rollout ID | step S | check | diff OTHER | layout``: provenance and
-invariants of a run, where it parts from another, and the devices each of its processes used.
+"""``rlx audit DIR version V | rollout ID | step S | check | diff OTHER | layout | taint --verifier NEW``:
+provenance and invariants of a run, where it parts from another, the devices each of its processes
+used, and what another verifier would have judged otherwise (``runtime.audit.taint``; exits 1 when
+an outcome changes).
 
 Readable tables by default, one JSON object with ``--json``. ``check`` exits 1 when any of
 I1–I8 is violated (or the ledger's hash chain is broken) and lists the violating events; a
@@ -52,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_check)
     sp = sub.add_parser("layout", parents=[common], help="which devices each process of the run used")
     sp.set_defaults(func=cmd_layout)
+    sp = sub.add_parser("taint", parents=[common], help="the outcomes another verifier judges otherwise, the steps "
+                        "that consumed them and every version trained after them")
+    sp.add_argument("--verifier", required=True, metavar="NEW",
+                    help="builtin (the task's own verifier as the code here judges) or a reward file, FILE.py (its "
+                         "function reward) or FILE.py:FUNCTION")
+    sp.add_argument("--all", action="store_true", help="list every changed outcome (the table shows 12)")
+    sp.set_defaults(func=cmd_taint)
 
 
 def _emit(obj: Any) -> None:
@@ -236,3 +245,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
             print("  the same weights, prompt and seed gave another sample: the sampler parted, not training")
     return 1
 
+
+def cmd_taint(args: argparse.Namespace) -> int:
+    import sys
+
+    from runtime.audit import taint
+
+    doc = taint.taint_run(args.directory, args.run_id, args.verifier, log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        _emit(doc)
+    else:
+        from rich.console import Console
+
+        taint.render(Console(), doc, shown=None if args.all else taint.SHOWN)
+    return 1 if doc["changed"] else 0

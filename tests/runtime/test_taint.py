@@ -207,6 +207,29 @@ def test_the_flipped_math_outcomes_their_steps_and_the_versions_after_them_exact
 
 
 @pytest.mark.slow
+def test_rlx_audit_taint_prints_the_document_or_its_tables_and_exits_1_when_an_outcome_changed(buggy_run, capsys):
+    root, out = buggy_run
+    right = str(root / "right.py")
+    doc = taint_run(out, None, right, log=lambda m: None)
+    capsys.readouterr()
+    assert main(["audit", out, "taint", "--verifier", right, "--json"]) == 1
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == doc and "judged 64 of 64 completions" in printed.err
+    assert main(["audit", out, "taint", "--verifier", right, "--all"]) == 1
+    table = " ".join(capsys.readouterr().out.split())  # as one line, however the terminal wrapped it
+    first = doc["first_tainted_version"]
+    assert (f"{len(doc['changed'])} outcomes changed ({len(doc['changed'])} in reward" in table
+            and f"first version {first};" in table and "tainted versions" in table)
+    assert main(["audit", out, "taint", "--verifier", str(root / "buggy.py"), "--json"]) == 0  # as recorded
+    same = json.loads(capsys.readouterr().out)
+    assert same["changed"] == [] and same["first_tainted_version"] is None
+    missing = root / "missing.py"
+    assert main(["audit", out, "taint", "--verifier", str(missing)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"rlx: error: --verifier {str(missing)!r}: {missing} does not exist"]
+
+
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_the_same_run_on_a_postgresql_ledger(buggy_run, pg_url, tmp_path):
     root, out = buggy_run
