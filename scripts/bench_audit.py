@@ -28,10 +28,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ledger.sql import SqliteStore  # noqa: E402
-from runtime.config import load_config  # noqa: E402
-from runtime.controller import ControllerLoop  # noqa: E402
-from runtime.controller.simulation import run_to_end  # noqa: E402
 
 _FULL_FOLD = """
 import json, sys
@@ -47,7 +43,15 @@ print(json.dumps(prov.version(int(sys.argv[2]), prompt_text=text), sort_keys=Tru
 
 
 def build(directory: str, steps: int) -> int:
-    """A demo-shaped run of ``steps`` steps in ``directory/ledger.db``; its event count."""
+    """A demo-shaped run of ``steps`` steps in ``directory/ledger.db``; its event count.
+
+    Run in a child process of its own (``--build``): a query's process is forked from this one,
+    and a fork's peak memory counts the parent's pages until it executes the query."""
+    from ledger.sql import SqliteStore
+    from runtime.config import load_config
+    from runtime.controller import ControllerLoop
+    from runtime.controller.simulation import run_to_end
+
     config = load_config(None, [f"run.steps={steps}", "sampling.group_size=8", "scheduling.groups_per_batch=32",
                                 "sampling.max_tokens=5", "scheduling.max_staleness=1"], data_size=100_000)
     store = SqliteStore("sqlite:///" + os.path.join(directory, "ledger.db"), create=True, synchronous="OFF")
@@ -80,12 +84,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1800)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true", help="skip the full fold (about a minute)")
+    ap.add_argument("--build", metavar="DIR", help=argparse.SUPPRESS)  # the child that writes the ledger
     args = ap.parse_args()
+    if args.build:
+        print(build(args.build, args.steps))
+        return
 
     rlx = [sys.executable, "-m", "runtime.cli", "audit"]
     with tempfile.TemporaryDirectory(prefix="rlx-bench-audit-") as tmp:
         t = time.perf_counter()
-        events = build(tmp, args.steps)
+        _, _, out = run_child([sys.executable, os.path.abspath(__file__), "--build", tmp, "--steps", str(args.steps)])
+        events = int(out.split()[-1])
         size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp))
         print(f"built {events} events ({size / 2**20:.0f} MiB) in {time.perf_counter() - t:.0f} s", file=sys.stderr)
         v = args.steps // 2
