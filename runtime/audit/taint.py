@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ledger import events as ev
-from ledger.store import StoredEvent
 from runtime.audit.provenance import Provenance
 from runtime.errors import UsageError
 
@@ -51,9 +50,9 @@ def _versions(outcomes: Iterable[ev.OutcomeRecorded]) -> list[dict[str, Any]]:
     return [{"verifier": name, "version": version, "outcomes": n} for (name, version), n in sorted(counts.items())]
 
 
-def taint(events: Iterable[StoredEvent], rejudged: Mapping[int, ev.OutcomeRecorded]) -> dict[str, Any]:
-    """What changes when the recorded outcomes of ``events`` (one run) are replaced by ``rejudged``
-    (rollout id → the new scorer's record): a JSON-able document.
+def taint(prov: Provenance, rejudged: Mapping[int, ev.OutcomeRecorded]) -> dict[str, Any]:
+    """What changes when the recorded outcomes of a run (``prov``, its events indexed) are replaced
+    by ``rejudged`` (rollout id → the new scorer's record): a JSON-able document.
 
     Only rollouts with both a recorded and a new outcome are compared. Keys: ``rejudged`` (how
     many were compared), ``recorded_verifiers`` and ``new_verifiers`` (outcomes per verifier and
@@ -66,7 +65,6 @@ def taint(events: Iterable[StoredEvent], rejudged: Mapping[int, ev.OutcomeRecord
     ``first_tainted_version`` (None when none is), ``sampled_from_tainted`` (rollouts sampled
     from a tainted version).
     """
-    prov = Provenance.from_events(events)
     changed: list[dict[str, Any]] = []
     compared: list[ev.OutcomeRecorded] = []
     by_step: dict[int, list[int]] = {}
@@ -134,13 +132,12 @@ def scoring_config(config, verifier: str):
                                                                     reward_digest=None))
 
 
-def rejudge(events: Iterable[StoredEvent], task, codec, *, log: Log = print) -> dict[int, ev.OutcomeRecorded]:
-    """Every scored completion of ``events`` judged by ``task`` (its ``score`` and ``reward``),
-    decoded with ``codec``: rollout id → the new record, in rollout id order."""
+def rejudge(prov: Provenance, task, codec, *, log: Log = print) -> dict[int, ev.OutcomeRecorded]:
+    """Every scored completion of a run (``prov``) judged by ``task`` (its ``score`` and
+    ``reward``), decoded with ``codec``: rollout id → the new record, in rollout id order."""
     from runtime.controller.workers import ScoreTask
     from runtime.workers.verifier import TaskVerifier
 
-    prov = Provenance.from_events(events)
     rids = sorted(rid for rid in prov.outcomes if rid in prov.completed and rid in prov.requests)
     scorer = TaskVerifier("taint", task, codec)
     out: dict[int, ev.OutcomeRecorded] = {}
@@ -165,7 +162,8 @@ def taint_run(directory: str, run_id: str | None, verifier: str, *, log: Log = p
     if started is None:
         raise UsageError(f"run {source.run_id!r} of {directory} has no RunStarted: its task cannot be rebuilt")
     task, codec = build_scoring(scoring_config(Config.from_dict(started.config), verifier), log=log)
-    doc = taint(source.events, rejudge(source.events, task, codec, log=log))
+    prov = Provenance.from_events(source.events)
+    doc = taint(prov, rejudge(prov, task, codec, log=log))
     return {"run_id": source.run_id, "verifier": verifier, **doc}
 
 

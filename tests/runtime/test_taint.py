@@ -15,6 +15,7 @@ import pytest
 from ledger import events as ev
 from ledger import open_store
 from ledger.store import StoredEvent
+from runtime.audit import Provenance
 from runtime.audit.taint import BUILTIN, scoring_config, taint, taint_run
 from runtime.cli import main
 from runtime.config import Config
@@ -57,7 +58,7 @@ def test_a_changed_reward_taints_its_step_and_every_version_trained_after_it():
            for rid, o in _recorded(events).items()}
     new[5] = ev.OutcomeRecorded(5, 0.0, False, "WA", "math", "math/3")  # group 2: step 3
     new[8] = ev.OutcomeRecorded(8, 1.0, True, "AC", "math", "math/3")  # group 4: consumed by no step
-    doc = taint(events, new)
+    doc = taint(Provenance.from_events(events), new)
     assert doc["rejudged"] == 10
     assert doc["recorded_verifiers"] == [{"verifier": "math", "version": "math/2", "outcomes": 10}]
     assert doc["new_verifiers"] == [{"verifier": "math", "version": "math/3", "outcomes": 10}]
@@ -77,10 +78,11 @@ def test_a_changed_reward_taints_its_step_and_every_version_trained_after_it():
 def test_a_verdict_that_changes_without_its_reward_still_counts_and_nothing_else_does():
     events = _history()
     new = dict(_recorded(events))
-    assert taint(events, new)["changed"] == [] and taint(events, new)["first_tainted_version"] is None
+    same = taint(Provenance.from_events(events), new)
+    assert same["changed"] == [] and same["steps"] == [] and same["first_tainted_version"] is None
     new[0] = ev.OutcomeRecorded(0, 0.0, False, "PARSE_ERROR", "math", "math/2")  # WA before, reward 0 both times
     del new[9]  # not judged again: not compared
-    doc = taint(events, new)
+    doc = taint(Provenance.from_events(events), new)
     assert [c["rollout_id"] for c in doc["changed"]] == [0] and doc["reward_changed"] == 0
     assert doc["rejudged"] == 9 and [s["step"] for s in doc["steps"]] == [1]
     assert [v["version"] for v in doc["versions"]] == [1, 2, 3, 4] and doc["first_tainted_version"] == 1
