@@ -204,8 +204,8 @@ def render(console, doc: dict[str, Any], *, shown: int | None = SHOWN) -> None:
         t = Table("version", "digest", "parent", "why", "sampled rollouts", title="tainted versions",
                   title_justify="left")
         for v in doc["versions"]:
-            why = " and ".join(w for w, on in (("trained on changed outcomes", v["trained_on_changed"]),
-                                               ("trained from a tainted version", v["parent_tainted"])) if on)
+            why = ", ".join(w for w, on in (("changed batch", v["trained_on_changed"]),
+                                            ("tainted parent", v["parent_tainted"])) if on)
             t.add_row(str(v["version"]), v["digest"][:16], str(v["parent_version"]), why, str(v["sampled_rollouts"]))
         console.print(t)
 
