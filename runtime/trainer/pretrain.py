@@ -3,12 +3,16 @@
 A tiny model trained from scratch has a zero pass rate, so RL has no signal. A short supervised
 phase on the task's reference completions (answer + ``<eos>``) brings it to a non-zero pass rate;
 RL then improves on that. The result depends only on (task, model config, steps, batch size,
-learning rate, seed) and is cached on disk under a digest of those, so a rerun reuses it.
+learning rate, seed) and is cached on disk under a digest of those, so a rerun reuses it. The
+processes of one run (the host and its workers) that need the same warm start at once take turns
+on a lock file beside it: one trains it, the others wait and load its copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -126,6 +130,32 @@ def cached_warm_start(model: Model, task: Task, codec: TextCodec, config: Pretra
     ``log`` (if given) is told first whether the warm start loads from the cache or trains; with
     ``progress`` the training steps are shown on stderr (``runtime.progress``)."""
     path = os.path.join(cache_dir, cache_key(model, task, config, seed, width, codec))
+    with _turn(path, log):
+        return _cached_warm_start(model, task, codec, config, seed=seed, width=width, path=path,
+                                  progress=progress, log=log)
+
+
+@contextlib.contextmanager
+def _turn(path: str, log):
+    """Hold the lock file ``path.lock`` (the cache directory is created for it); say so when
+    another process holds it, which is then training the same warm start. The lock goes with its
+    process, so a killed one never leaves it taken."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if log is not None:
+                log(f"warm start: another process is training it; waiting for its copy ({path})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _cached_warm_start(model: Model, task: Task, codec: TextCodec, config: PretrainConfig, *, seed: int, width: int,
+                       path: str, progress: bool, log) -> tuple[Model, str, bool]:
     if os.path.isfile(os.path.join(path, "config.json")):
         if log is not None:
             log(f"warm start: loading {config.steps} supervised steps from the cache ({path})")
@@ -139,7 +169,6 @@ def cached_warm_start(model: Model, task: Task, codec: TextCodec, config: Pretra
                                 progress=lambda done, loss: bar.update(done, f"loss {loss:.3f}"))
     tmp = path + f".tmp{os.getpid()}"
     save_hf(tmp, trained)
-    os.makedirs(cache_dir, exist_ok=True)
     try:
         os.rename(tmp, path)
     except OSError:  # another process finished first: use its copy
