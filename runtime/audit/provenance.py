@@ -12,7 +12,7 @@
 - :meth:`Provenance.step` — a step's batch and the version it produced.
 
 Staleness is ``(s - 1) - v`` for a rollout sampled from version ``v`` and consumed by step ``s``
-(DESIGN.md, "Staleness and scheduling"). Prompt texts come from a ``prompt_text(index)`` callable
+(the rules of ``runtime.controller.decide``). Prompt texts come from a ``prompt_text(index)`` callable
 (the task's), since the ledger logs prompt indices only.
 """
 
