@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> dict:
         while not loop.finished:
             task = call("train_task", "trainer-0")
             if isinstance(task, InitTask):
-                call("publish", [trainer.initialize(task)])
+                call("publish", [trainer.initialize(task)], worker_id="trainer-0")
             elif task is not None:
-                call("publish", list(trainer.train(task)))
+                call("publish", list(trainer.train(task)), worker_id="trainer-0")
             done = []
             for w in workers:
                 for lease in call("leases", w):
