@@ -59,6 +59,21 @@ def _checked(store: EventStore, run_id: str, kinds: Iterable[str], from_seq: int
     return out
 
 
+def read_kinds(store: EventStore, run_id: str, kinds: Iterable[str]) -> list[StoredEvent]:
+    """Every event of ``kinds`` in the run, each checked against the chain, the run's seqs checked
+    gapless: what a question about a few kinds (``rlx audit DIR layout``) reads of a long log.
+
+    Raises:
+      CorruptLedger: as :func:`query_events`.
+    """
+    head = store.head(run_id).seq
+    events = _checked(store, run_id, kinds, 1, head)
+    count = store.count(run_id)
+    if count < head:
+        raise CorruptLedger(run_id, head, f"the run holds {count} records up to seq {head}: some seqs are missing")
+    return events
+
+
 def _spans(spine: list[StoredEvent], rollouts: set[int], head: int) -> list[tuple[int, int]]:
     """Merged seq ranges from each rollout's first request to its group's exit (or ``head``)."""
     start: dict[int, int] = {}

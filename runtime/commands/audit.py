@@ -179,25 +179,30 @@ def cmd_layout(args: argparse.Namespace) -> int:
     """The run's device layout as ``RunStarted`` recorded it, and the devices each worker that
     joined reported (``runtime.placement.joined_info``), in the order they joined."""
     from ledger import events as ev
-    from runtime.replay import read_run
+    from ledger import open_store
+    from runtime.audit.index import read_kinds
+    from runtime.rundir import RunDir
 
-    source = read_run(args.directory, args.run_id)
-    source.chain.raise_if_bad()
+    rundir = RunDir(args.directory)
+    rundir.check_exists()
+    with open_store(args.directory, readonly=True) as store:
+        run_id = rundir.select_run(store, args.run_id)
+        events = read_kinds(store, run_id, ("RunStarted", "WorkerJoined"))
     layout, workers = None, []
-    for s in source.events:
+    for s in events:
         e = s.event
         if isinstance(e, ev.RunStarted):
             layout = e.fingerprint.get("layout")
         elif isinstance(e, ev.WorkerJoined) and "placement" in e.info:
             workers.append({"seq": s.seq, "worker_id": e.worker_id, "role": e.role, **e.info["placement"]})
     if args.json:
-        _emit({"run_id": source.run_id, "layout": layout, "workers": workers})
+        _emit({"run_id": run_id, "layout": layout, "workers": workers})
         return 0
     from rich.console import Console
 
     from runtime.audit import render
 
-    render.layout(Console(), source.run_id, layout, workers)
+    render.layout(Console(), run_id, layout, workers)
     return 0
 
 

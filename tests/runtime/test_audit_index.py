@@ -168,3 +168,23 @@ def test_long_lists_are_summarised_and_all_lists_them(run_dir, stored, capsys):
     assert main(["audit", run_dir, "version", str(STEPS), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)["version"]
     assert len(doc["parent_chain"]) == STEPS + 1 and len(doc["rollouts"]) == len(rows)
+
+
+def test_the_layout_reads_its_kinds_alone_and_checks_them(run_dir, stored, tmp_path, capsys):
+    from runtime.audit.index import read_kinds
+
+    with open_store(run_dir, readonly=True) as store:
+        read = read_kinds(store, "run", ("RunStarted", "WorkerJoined"))
+    assert read == [s for s in stored if s.kind in ("RunStarted", "WorkerJoined")] and len(read) > 1
+    assert main(["audit", run_dir, "layout", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["run_id"] == "run" and doc["layout"] is None  # a run from before layouts: nothing recorded
+    import shutil
+
+    shutil.copy(f"{run_dir}/ledger.db", tmp_path / "ledger.db")
+    joined = next(s.seq for s in stored if s.kind == "WorkerJoined")
+    with open_store(run_dir, readonly=True) as store:
+        (record,) = store.scan("run", joined, joined)
+    _edit_row(str(tmp_path / "ledger.db"), joined, record.body[:-1] + bytes([record.body[-1] ^ 1]))
+    assert main(["audit", str(tmp_path), "layout"]) == 2
+    assert "ledger corrupt: run 'run'" in capsys.readouterr().err
