@@ -20,9 +20,13 @@ same bucket, and the tokens it had generated are fed back through the same decod
 rebuilds its cache bit for bit. The engine checks those bits as it replays.
 
 Requests admitted together with the same prompt (a group of samples of one prompt) are prefilled
-once: the others get copies of its prompt's pages and next-token logits (``steps.copy_prompts``),
-the bits their own prefill would have written, at the cost of a page copy instead of a forward
-pass over the prompt.
+once, and its full pages are held once: the others reference the first one's full prompt pages
+(``PagePool.share``) and get a copy of only its last, partially filled prompt page, the first page
+they write their own tokens into, and of its next-token logits (``steps.copy_prompts``). Those are
+the bits their own prefill would have written, at the cost of one page copy instead of a forward
+pass over the prompt, and of one partial page instead of the prompt's pages per sample. Attention
+reads a shared page as it reads any other, so a request's bits do not depend on whom it shares
+pages with.
 """
 
 from __future__ import annotations
@@ -113,7 +117,8 @@ class Engine:
       decode_steps: most decode steps per device call (see the module docstring). More save host
         round trips; fewer waste less of a slot whose request stops early on a stop token.
       share_prompts: requests admitted together with the same prompt are prefilled once (the
-        others get copies); False prefills each (the same bits, for measuring what sharing saves).
+        others share its pages); False prefills each into pages of its own (the same bits, for
+        measuring what sharing saves).
     """
 
     def __init__(
@@ -329,18 +334,23 @@ class Engine:
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[np.float32]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
+        groups = None
+        if self.share_prompts:
+            firsts: dict[bytes, int] = {}
+            groups = [firsts.setdefault(p.tobytes(), i) for i, p in enumerate(prompts)]
         state = scheduler.Schedule.start(n, max_slots=self.max_slots, pool=self._empty_pool)
-        steps = calls = prefills = copies = preemptions = replayed = allocated = cached = 0
+        steps = calls = prefills = copies = preemptions = replayed = allocated = cached = peak = 0
         admissions = []
         while not state.done:
-            state, decisions = scheduler.plan(state, lengths, static=static)
+            state, decisions = scheduler.plan(state, lengths, static=static, groups=groups)
             preemptions += len(decisions.preempted)
-            copied = self._prefill_requests(state, decisions.admitted, prompts)
+            self._prefill_requests(state, decisions, prompts)
             for request, slot in decisions.admitted:
                 admissions.append((steps, request, slot))
-            prefills += len(decisions.admitted) - copied
-            copies += copied
+            prefills += len(decisions.admitted) - len(decisions.shared)
+            copies += len(decisions.shared)
             state, takes = self._reserve(state, ends, static=static)
+            peak = max(peak, state.pool.num_used)
             num_steps = max(takes.values())
             inputs = self._step_inputs(state, takes, lengths, tokens, key_data, sampling)
             self._cache, self._logits, out_tokens, out_logprobs = self._step(
@@ -382,10 +392,11 @@ class Engine:
             state = scheduler.advance(state, finished, takes)
         self.last_stats = GenerateStats(
             steps, prefills, preemptions, sum(map(len, tokens)), replayed, allocated, cached,
-            tuple(admissions), calls, copies,
+            tuple(admissions), calls, copies, peak,
         )
         ended = [r for r in reasons if r is not None]
         assert len(ended) == n  # the loop runs until every request has finished
+        assert state.pool.num_used == 0 and not state.pool.refs, state.pool  # no page leaked
         return [
             Completion(
                 _frozen(np.array(tokens[i], np.int32)),
@@ -413,19 +424,19 @@ class Engine:
                 return reserved, takes
             want //= 2
 
-    def _prefill_requests(self, state, admitted, prompts) -> int:
+    def _prefill_requests(self, state, decisions, prompts) -> None:
         """Prefill the admitted requests, grouped by bucket, ``prefill_rows[bucket]`` per call; a
-        request whose prompt an earlier one of them has gets that one's prefill copied. Returns
-        how many were copied."""
+        request that shares an earlier one's prompt pages gets a copy of that one's partially
+        filled prompt page (if the prompt has one) and next-token logits."""
         P, S = self.pages_per_seq, self.max_slots
         by_bucket: dict[int, list[tuple[int, int]]] = {}
-        first: dict[bytes, tuple[int, int]] = {}  # prompt -> the (request, slot) prefilled for it
+        sources = dict(decisions.shared)
+        slot_of = dict(decisions.admitted)
         copies: list[tuple[int, int, int, int]] = []  # (request, slot, source request, source slot)
-        for request, slot in admitted:
+        for request, slot in decisions.admitted:
             prompt = prompts[request]
-            origin = first.setdefault(prompt.tobytes(), (request, slot)) if self.share_prompts else (request, slot)
-            if origin != (request, slot):
-                copies.append((request, slot, *origin))
+            if request in sources:
+                copies.append((request, slot, sources[request], slot_of[sources[request]]))
                 continue
             bucket = next(b for b in self.buckets if b >= prompt.size)
             by_bucket.setdefault(bucket, []).append((request, slot))
@@ -444,17 +455,20 @@ class Engine:
                     self._params, tokens, lengths, rows, slots, self._cache, self._logits
                 )
         for lo in range(0, len(copies), S):
-            sources = np.zeros((S, P), np.int32)  # the null page onto itself where unused
-            targets = np.zeros((S, P), np.int32)
+            from_pages = np.zeros((S, P), np.int32)  # the null page onto itself where unused
+            to_pages = np.zeros((S, P), np.int32)
             from_slots = np.full(S, S, np.int32)
             to_slots = np.full(S, S, np.int32)
             for i, (request, slot, source, source_slot) in enumerate(copies[lo : lo + S]):
-                held = pages_for(prompts[request].size, self.page_size)
-                sources[i, :held] = state.pool.table_row(source, P)[:held]
-                targets[i, :held] = state.pool.table_row(request, P)[:held]
+                size = prompts[request].size
+                if size % self.page_size:  # the partial page: the first one the two write apart
+                    last = size // self.page_size
+                    from_pages[i, 0] = state.pool.owned(source)[last]
+                    to_pages[i, 0] = state.pool.owned(request)[last]
                 from_slots[i], to_slots[i] = source_slot, slot
-            self._cache, self._logits = self._copy(self._cache, self._logits, sources, targets, from_slots, to_slots)
-        return len(copies)
+            self._cache, self._logits = self._copy(
+                self._cache, self._logits, from_pages, to_pages, from_slots, to_slots
+            )
 
     def _step_inputs(self, state, takes, lengths, tokens, key_data, sampling):
         S, P, N = self.max_slots, self.pages_per_seq, self.decode_steps

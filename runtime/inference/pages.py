@@ -1,13 +1,14 @@
-"""The page allocator of the paged KV cache: a free list and one page table per sequence.
+"""The page allocator of the paged KV cache: a free list, one page table per sequence, refcounts.
 
 Physical page ``NULL_PAGE`` (0) is reserved: it pads every page-table row past a sequence's last
 page and is never handed out, so a padding entry can never alias a live sequence's data (the
 attention kernel never reads it as valid anyway, see ``kernels.paged_attention``).
 
-``PagePool`` is a value: ``grow`` and ``release`` return a new pool and leave the old one as it
-was. Both are all-or-nothing: a ``grow`` that does not fit raises ``OutOfPages`` and allocates
-nothing; a ``release`` frees every page of the sequence. Every non-null page is at any time either
-free or owned by exactly one sequence.
+``PagePool`` is a value: ``grow``, ``share`` and ``release`` return a new pool and leave the old
+one as it was. A ``grow`` is all-or-nothing: one that does not fit raises ``OutOfPages`` and
+allocates nothing. ``share`` gives a sequence the first pages of another one (the full pages of a
+prompt they both have) without allocating: every non-null page is at any time either free or owned
+by one or more sequences, and a ``release`` frees exactly the pages whose last owner it was.
 
 Pages are taken from the front of the free list and released pages go back to its front, so the
 allocation order is a pure function of the sequence of calls (and recently used pages are reused
@@ -46,12 +47,14 @@ class PagePool:
       page_size: tokens per page.
       free: free physical pages; the next allocation takes them from the front.
       tables: owner id -> its physical pages in logical order (read-only mapping).
+      refs: owned page -> how many owners hold it (read-only mapping).
     """
 
     num_pages: int
     page_size: int
     free: tuple[int, ...]
     tables: Mapping[int, tuple[int, ...]]
+    refs: Mapping[int, int] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
     @classmethod
     def create(cls, *, num_pages: int, page_size: int) -> PagePool:
@@ -103,24 +106,57 @@ class PagePool:
                 f"sequence {owner} needs {need} more pages for {num_tokens} tokens; "
                 f"{len(self.free)} of {self.capacity} are free"
             )
-        tables = dict(self.tables)
+        tables, refs = dict(self.tables), dict(self.refs)
         tables[owner] = self.owned(owner) + self.free[:need]
+        refs.update((page, 1) for page in self.free[:need])
         return dataclasses.replace(
-            self, free=self.free[need:], tables=types.MappingProxyType(tables)
+            self, free=self.free[need:], tables=types.MappingProxyType(tables),
+            refs=types.MappingProxyType(refs),
+        )
+
+    def share(self, owner: int, source: int, num_pages: int) -> PagePool:
+        """Give ``owner``, which holds no pages, the first ``num_pages`` pages of ``source``.
+
+        Nothing is allocated: the pages gain an owner, and stay allocated until both have released
+        them. Whoever writes a shared page changes it for every owner, so only pages no owner
+        writes again (a prompt's full pages) are shared; ``owner``'s later pages are its own.
+
+        Raises:
+          ValueError: ``owner`` already holds pages, or ``source`` holds fewer than ``num_pages``.
+        """
+        pages = self.owned(source)[:num_pages]
+        if self.owned(owner) or len(pages) < num_pages:
+            raise ValueError(
+                f"sequence {owner} (holding {len(self.owned(owner))} pages) cannot share "
+                f"{num_pages} pages of sequence {source}, which holds {len(self.owned(source))}"
+            )
+        if not pages:
+            return self
+        tables, refs = dict(self.tables), dict(self.refs)
+        tables[owner] = pages
+        refs.update((page, refs[page] + 1) for page in pages)
+        return dataclasses.replace(
+            self, tables=types.MappingProxyType(tables), refs=types.MappingProxyType(refs)
         )
 
     def release(self, owner: int) -> PagePool:
-        """Free every page of ``owner``.
+        """Drop ``owner``'s pages; those it was the last owner of are freed (in logical order).
 
         Raises:
           KeyError: ``owner`` holds no pages (a release without an allocation is a bug).
         """
         if owner not in self.tables:
             raise KeyError(f"sequence {owner} holds no pages")
-        tables = dict(self.tables)
-        pages = tables.pop(owner)
+        tables, refs = dict(self.tables), dict(self.refs)
+        freed = []
+        for page in tables.pop(owner):
+            refs[page] -= 1
+            if not refs[page]:
+                del refs[page]
+                freed.append(page)
         return dataclasses.replace(
-            self, free=pages + self.free, tables=types.MappingProxyType(tables)
+            self, free=tuple(freed) + self.free, tables=types.MappingProxyType(tables),
+            refs=types.MappingProxyType(refs),
         )
 
     def table_row(self, owner: int, width: int) -> np.ndarray:

@@ -45,7 +45,9 @@ class GenerateStats:
       cached_tokens: sum over steps of the tokens actually cached after the step.
       admissions: ``(step, request, slot)`` of every admission, in order.
       decode_calls: device calls the decode steps took (host round trips).
-      prefill_copies: admissions that got the prefill of an identical prompt admitted with them.
+      prefill_copies: admissions that got the prefill of an identical prompt admitted with them
+        (sharing its full prompt pages).
+      peak_pages: most KV pages in use at once (a page shared by several requests counts once).
     """
 
     steps: int
@@ -58,6 +60,7 @@ class GenerateStats:
     admissions: tuple[tuple[int, int, int], ...]
     decode_calls: int = 0
     prefill_copies: int = 0
+    peak_pages: int = 0
 
     @property
     def kv_overhead(self) -> float:

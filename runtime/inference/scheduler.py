@@ -14,9 +14,16 @@ runs several decode steps per device call ``reserve``s their pages after ``plan`
 2. *Admit.* Unless a preemption happened in this plan (readmitting at once would thrash), queued
    requests, oldest first, take the free slots (lowest slot first) while the pool holds their
    prompt plus the first generated token. Static batching admits only into an empty batch.
+   A request admitted after another one of its group (the same prompt) in the same plan shares
+   that one's full prompt pages (``PagePool.share``) and needs pages only for the rest: the
+   last, partially filled prompt page, which the engine copies (copy on write at the first page
+   the two write differently), and the pages after it.
 
-A readmitted request is prefilled from its prompt alone: its cache then holds exactly the bits it
-held before (see ``engine``), whatever the slots and pages it gets.
+Pages are counted once however many requests share them: ``fits``, ``reserve`` and a preemption
+(which frees only the pages no other request holds) all read the one pool. A readmitted request
+is prefilled from its prompt alone, or shares again with a member of its group admitted with it:
+either way its cache then holds exactly the bits it held before (see ``engine``), whatever the
+slots and pages it gets.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ from runtime.inference.pages import PagePool
 
 @dataclasses.dataclass(frozen=True)
 class Decisions:
-    """What one ``plan`` decided: preempted request ids and ``(request, slot)`` admissions."""
+    """What one ``plan`` decided: preempted request ids, ``(request, slot)`` admissions, and
+    ``(request, source)`` for each admitted request that shares ``source``'s prompt pages."""
 
     preempted: tuple[int, ...] = ()
     admitted: tuple[tuple[int, int], ...] = ()
+    shared: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +95,11 @@ def _preempt(state: Schedule, request: int) -> Schedule:
 
 
 def plan(
-    state: Schedule, prompt_lengths: Sequence[int], *, static: bool = False
+    state: Schedule,
+    prompt_lengths: Sequence[int],
+    *,
+    static: bool = False,
+    groups: Sequence[int] | None = None,
 ) -> tuple[Schedule, Decisions]:
     """Reserve pages for the next step, preempting and admitting as the module docstring says.
 
@@ -94,6 +107,8 @@ def plan(
       state: the schedule after the previous ``advance``.
       prompt_lengths: prompt length of every request, by id.
       static: admit only when no request is running (static batching).
+      groups: by id, equal for requests with the same prompt (they may share its pages); None,
+        nobody shares.
 
     Returns:
       The new schedule (admitted requests have ``cached`` = their prompt length) and the decisions.
@@ -113,22 +128,32 @@ def plan(
                 state, pool=state.pool.grow(request, state.cached[request] + 1)
             )
     admitted: list[tuple[int, int]] = []
+    shared: list[tuple[int, int]] = []
     if not preempted and not (static and state.running):
         slots, waiting = list(state.slots), list(state.waiting)
         cached, pool = dict(state.cached), state.pool
+        first: dict[int, int] = {}  # group -> its first request admitted by this plan
         for slot in range(len(slots)):
-            if slots[slot] is not None:
+            if slots[slot] is not None or not waiting:
                 continue
-            if not waiting or not pool.fits(waiting[0], prompt_lengths[waiting[0]] + 1):
+            request, length = waiting[0], prompt_lengths[waiting[0]]
+            source = first.get(groups[request]) if groups is not None else None
+            full = length // pool.page_size if source is not None else 0
+            with_prompt = pool.share(request, source, full) if full and source is not None else pool
+            if not with_prompt.fits(request, length + 1):
                 break
-            request = waiting.pop(0)
-            pool = pool.grow(request, prompt_lengths[request] + 1)
-            slots[slot], cached[request] = request, prompt_lengths[request]
+            waiting.pop(0)
+            pool = with_prompt.grow(request, length + 1)
+            slots[slot], cached[request] = request, length
             admitted.append((request, slot))
+            if source is not None:
+                shared.append((request, source))
+            elif groups is not None:
+                first[groups[request]] = request
         state = Schedule(tuple(slots), tuple(waiting), types.MappingProxyType(cached), pool)
     if state.waiting and not state.running:
         raise AssertionError(f"request {state.waiting[0]} cannot fit an empty pool")
-    return state, Decisions(tuple(preempted), tuple(admitted))
+    return state, Decisions(tuple(preempted), tuple(admitted), tuple(shared))
 
 
 def reserve(state: Schedule, tokens: Mapping[int, int]) -> Schedule | None:

@@ -70,8 +70,9 @@ def copy_prompts(
 
     DONATES cache, logits_SV.
 
-    Row ``r`` copies the pages ``from_pages_RP[r]`` (a prefilled request's, the ones holding its
-    prompt) onto ``to_pages_RP[r]`` (the new request's, as many) and slot ``from_slots_R[r]``'s
+    Row ``r`` copies the pages ``from_pages_RP[r]`` (a prefilled request's last, partially filled
+    prompt page; the full ones are shared, not copied) onto ``to_pages_RP[r]`` (the new request's,
+    as many) and slot ``from_slots_R[r]``'s
     next-token logits onto slot ``to_slots_R[r]``. Unused entries copy the null page onto itself
     and name slot ``S`` (out of range), which writes nothing. The copies are the bits the new
     request's own prefill would have written: the same prompt through the same compiled prefill.

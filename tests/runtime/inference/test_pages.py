@@ -1,4 +1,4 @@
-"""The page allocator: null page, all-or-nothing grow and release, no double ownership."""
+"""The page allocator: null page, all-or-nothing grow, shared pages freed by their last owner."""
 
 from __future__ import annotations
 
@@ -37,6 +37,24 @@ def test_grow_is_all_or_nothing():
         pool.grow(2, 4)
     assert pool.free == (3,) and pool.owned(2) == ()
     assert not pool.fits(2, 4) and pool.fits(2, 2)
+
+
+def test_shared_pages_are_freed_by_their_last_owner():
+    pool = PagePool.create(num_pages=8, page_size=4).grow(0, 10)  # 10 tokens: pages 1, 2, 3
+    # Request 1 has the same first 8 tokens: it references pages 1 and 2 and gets its own third.
+    both = pool.share(1, 0, 2).grow(1, 10)
+    assert both.owned(1) == (1, 2, 4) and both.num_used == 4 and both.free == (5, 6, 7)
+    assert dict(both.refs) == {1: 2, 2: 2, 3: 1, 4: 1}
+    assert both.fits(1, 12) and both.shortfall(1, 13) == 1  # its shared pages count as held
+    one = both.release(0)  # only page 3 was request 0's alone
+    assert one.free == (3, 5, 6, 7) and one.owned(1) == (1, 2, 4) and dict(one.refs) == {1: 1, 2: 1, 4: 1}
+    none = one.release(1)
+    assert none.free == (1, 2, 4, 3, 5, 6, 7) and not none.tables and not none.refs
+    assert pool.share(1, 0, 0) is pool  # nothing to share: the pool is unchanged
+    with pytest.raises(ValueError, match="sequence 1 .holding 3 pages. cannot share 2 pages of sequence 0"):
+        both.share(1, 0, 2)
+    with pytest.raises(ValueError, match="cannot share 4 pages of sequence 0, which holds 3"):
+        pool.share(1, 0, 4)
 
 
 def test_release_of_a_sequence_without_pages_is_a_bug():
@@ -79,6 +97,20 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.owned(owner)[: len(before.owned(owner))] == before.owned(owner)
         assert self.pool.owned(owner)[len(before.owned(owner)):] == before.free[: max(need, 0)]
 
+    @rule(owner=st.integers(0, 4), source=st.integers(0, 4), pages=st.integers(0, 3))
+    def share(self, owner, source, pages):
+        before = self.pool
+        if owner == source or before.owned(owner) or len(before.owned(source)) < pages:
+            if pages and owner != source:
+                with pytest.raises(ValueError):
+                    before.share(owner, source, pages)
+            return
+        self.pool = before.share(owner, source, pages)
+        assert self.pool.free == before.free  # sharing allocates nothing
+        assert self.pool.owned(owner) == before.owned(source)[:pages]
+        if pages:
+            self.tokens[owner] = pages * 3
+
     @rule(owner=st.integers(0, 4))
     def release(self, owner):
         if owner not in self.pool.tables:
@@ -86,16 +118,21 @@ class PoolMachine(RuleBasedStateMachine):
                 self.pool.release(owner)
             return
         pages = self.pool.owned(owner)
+        others = {p for o, held in self.pool.tables.items() if o != owner for p in held}
         self.pool = self.pool.release(owner)
         self.tokens.pop(owner, None)
-        assert self.pool.owned(owner) == () and set(pages) <= set(self.pool.free)
+        # Exactly the pages nobody else holds are freed, in the owner's order, at the front.
+        freed = tuple(p for p in pages if p not in others)
+        assert self.pool.owned(owner) == () and self.pool.free[: len(freed)] == freed
 
     @invariant()
-    def every_page_free_or_owned_once(self):
-        owned = [p for pages in self.pool.tables.values() for p in pages]
-        everything = owned + list(self.pool.free)
-        assert sorted(everything) == list(range(1, 9))  # no duplicates, nothing lost
-        assert NULL_PAGE not in everything
+    def every_page_free_or_owned_and_counted(self):
+        owned = {p for pages in self.pool.tables.values() for p in pages}
+        assert sorted(list(owned) + list(self.pool.free)) == list(range(1, 9))  # nothing lost
+        assert NULL_PAGE not in owned and NULL_PAGE not in self.pool.free
+        owners = {p: sum(p in pages for pages in self.pool.tables.values()) for p in owned}
+        assert dict(self.pool.refs) == owners
+        assert all(len(set(pages)) == len(pages) for pages in self.pool.tables.values())
 
     @invariant()
     def each_owner_holds_exactly_its_tokens_pages(self):

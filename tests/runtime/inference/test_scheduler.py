@@ -109,3 +109,81 @@ def test_every_request_finishes_once_within_its_pages(requests, slots, pages, st
     assert state.done and state.pool.num_used == 0
     assert sorted(finished_at) == list(range(len(requests)))
     assert generated == [m for _, m in requests]
+
+
+def test_a_group_shares_its_full_prompt_pages_and_a_preempted_sharer_frees_only_its_own():
+    lengths = [10, 10, 10]  # one prompt of 10 tokens, three samples: 2 full pages of 4, 2 left over
+    # 7 usable pages: the first takes 3 (11 tokens), each other 1 (its partial page), 5 in all.
+    state, decisions = plan(_start(3, slots=3, pages=8), lengths, groups=[0, 0, 0])
+    assert decisions.admitted == ((0, 0), (1, 1), (2, 2)) and decisions.shared == ((1, 0), (2, 0))
+    assert state.pool.owned(0) == (1, 2, 3) and state.pool.owned(1) == (1, 2, 4)
+    assert state.pool.owned(2) == (1, 2, 5) and state.pool.num_used == 5
+    # Without groups the same three need 9 pages: only two fit.
+    assert plan(_start(3, slots=3, pages=8), lengths)[1].admitted == ((0, 0), (1, 1))
+    state = advance(state)  # cached 11, the next token makes 12: each still within its 3 pages
+    state, decisions = plan(state, lengths, groups=[0, 0, 0])
+    assert decisions == Decisions()
+    state = advance(state)  # cached 12: the 13th token needs a fourth page each; 2 are free
+    state, decisions = plan(state, lengths, groups=[0, 0, 0])
+    assert decisions == Decisions(preempted=(2,))
+    # Request 2's own page (5) came back and went to request 1; the shared ones stay with 0 and 1.
+    assert state.pool.owned(0) == (1, 2, 3, 6) and state.pool.owned(1) == (1, 2, 4, 7)
+    assert state.pool.free == (5,) and dict(state.pool.refs)[1] == 2
+    # 17 tokens take a fifth page: one is free, so one request may reserve it, not both.
+    assert reserve(state, {0: 5, 1: 5}) is None
+    assert reserve(state, {0: 5, 1: 4}).pool.owned(0) == (1, 2, 3, 6, 5)
+    # Readmitted with no group member admitted with it, request 2 holds a prompt of its own.
+    state = advance(state, finished=[0, 1])
+    assert state.pool.num_used == 0 and not state.pool.refs
+    state, decisions = plan(state, lengths, groups=[0, 0, 0])
+    assert decisions.admitted == ((2, 0),) and decisions.shared == () and len(state.pool.owned(2)) == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 4)), min_size=1, max_size=4),
+    max_tokens=st.lists(st.integers(1, 10), min_size=16, max_size=16),
+    slots=st.integers(1, 6),
+    page_size=st.integers(1, 5),
+    spare=st.integers(0, 8),
+    static=st.booleans(),
+)
+def test_shared_pages_are_counted_once_and_all_come_back(groups, max_tokens, slots, page_size, spare, static):
+    """Groups of requests with one prompt each, in a pool from just over one sequence upwards."""
+    lengths, group_of = [], []
+    for g, (length, size) in enumerate(groups):
+        lengths += [length] * size
+        group_of += [g] * size
+    group_ids = [group_of.index(g) for g in group_of]  # the group's first request, as the engine names it
+    wants = [max_tokens[r % 16] for r in range(len(lengths))]
+    pages = max(pages_for(n + m, page_size) for n, m in zip(lengths, wants, strict=True)) + 1 + spare
+    state = _start(len(lengths), slots=slots, pages=pages, page_size=page_size)
+    generated = [0] * len(lengths)
+    preemptions = 0
+    for _ in range(10_000):
+        if state.done:
+            break
+        state, decisions = plan(state, lengths, static=static, groups=group_ids)
+        preemptions += len(decisions.preempted)
+        admitted = dict(decisions.admitted)
+        for request, source in decisions.shared:
+            assert source in admitted and source < request and group_ids[source] == group_ids[request]
+            full = lengths[request] // page_size
+            assert state.pool.owned(request)[:full] == state.pool.owned(source)[:full]
+            # Its own pages start at the partial prompt page, the first it writes differently.
+            assert not set(state.pool.owned(request)[full:]) & set(state.pool.owned(source))
+        pool = state.pool
+        held = {p for r in state.running for p in pool.owned(r)}
+        assert pool.num_used == len(held) and set(pool.tables) == set(state.running)
+        assert dict(pool.refs) == {p: sum(p in pool.owned(r) for r in state.running) for p in held}
+        for r in state.running:
+            assert len(pool.owned(r)) == pages_for(state.cached[r] + 1, page_size)
+        done = []
+        for r in state.running:
+            if state.cached[r] - lengths[r] == generated[r]:
+                generated[r] += 1
+                if generated[r] == wants[r]:
+                    done.append(r)
+        state = advance(state, done)
+    assert state.done and state.pool.num_used == 0 and not state.pool.refs and not state.pool.tables
+    assert generated == wants
