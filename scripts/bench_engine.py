@@ -12,9 +12,10 @@ compiled and run once untimed first:
 
 - ``engine``: the rlx engine (continuous batching, ``--slots`` decode slots, the ``live`` decode
   attention that new runs use off TPU, a KV pool of the worst case, a group's prompt prefilled
-  once and copied to the others);
+  once and its full pages shared by the others);
 - ``no_sharing``: the same with every request prefilled on its own; ``sharing_speedup`` is its
-  time over the engine's;
+  time over the engine's; ``peak_pages_shared`` and ``peak_pages_copied`` are the most KV pages
+  the two held at once;
 - ``small_pool``: a KV pool of half the worst case (sequences preempted and recomputed when it
   runs out); ``small_pool_same_tokens`` whether every completion equals the full pool's, and
   ``small_pool_speed_ratio`` its tokens/s over the full pool's;
@@ -125,8 +126,10 @@ def main() -> None:
         result[f"{name}_tok_s"] = tokens / seconds
         result[f"{name}_prefills"] = stats.prefills
         result[f"{name}_preemptions"] = stats.preemptions
+        result[f"{name}_peak_pages"] = stats.peak_pages
         print(json.dumps({k: v for k, v in result.items() if k.startswith(name)}), flush=True)
     result["sharing_speedup"] = result["no_sharing_s"] / result["engine_s"]
+    result["peak_pages_shared"], result["peak_pages_copied"] = result["engine_peak_pages"], result["no_sharing_peak_pages"]
     result["small_pool_same_tokens"] = all(
         np.array_equal(a.tokens, b.tokens) for a, b in zip(runs["engine"], runs["small_pool"], strict=True))
     result["small_pool_speed_ratio"] = result["small_pool_tok_s"] / result["engine_tok_s"]
