@@ -54,7 +54,7 @@ def _assert_alone(engine, prompts, params, seeds, out, cache):
 ALONE: dict = {}
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     groups=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 5)), min_size=1, max_size=3),
     pool=st.sampled_from(POOLS),
