@@ -27,7 +27,7 @@ from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.host import Host, ThreadRunner
 from runtime.placement import Layout
-from runtime.rundir import RunDir, check_creatable, run_started
+from runtime.rundir import RUN_LEDGER_FILE, RunDir, check_creatable, run_started
 from runtime.session import Session, build_session, build_task, resolve, run_fingerprint, trainer_mesh
 
 
@@ -135,8 +135,7 @@ def _existing_run(rundir: RunDir, url: str, run_name: str) -> str:
     """What to say when the ledger at ``url`` already holds ``run_name``: resume it where ``--out``
     is that run's directory, else pick another name (a server's ledger holds many runs, and the
     directory of the one that took the name may be anywhere)."""
-    holder = os.path.isfile(os.path.join(rundir.path, "ledger.db")) or (
-        RunDir(rundir.path).pointed_run == run_name)
+    holder = os.path.isfile(os.path.join(rundir.path, RUN_LEDGER_FILE)) or rundir.pointed_run == run_name
     if holder:
         return (f"run {run_name!r} already exists in {url}; continue it with `rlx resume {rundir.path}`, "
                 "or choose another --out")

@@ -59,6 +59,13 @@ def _checked(store: EventStore, run_id: str, kinds: Iterable[str], from_seq: int
     return out
 
 
+def _check_gapless(store: EventStore, run_id: str, head: int) -> None:
+    """Raise ``CorruptLedger`` unless the run holds every seq up to ``head``."""
+    count = store.count(run_id)
+    if count < head:
+        raise CorruptLedger(run_id, head, f"the run holds {count} records up to seq {head}: some seqs are missing")
+
+
 def read_kinds(store: EventStore, run_id: str, kinds: Iterable[str]) -> list[StoredEvent]:
     """Every event of ``kinds`` in the run, each checked against the chain, the run's seqs checked
     gapless: what a question about a few kinds (``rlx audit DIR layout``) reads of a long log.
@@ -68,9 +75,7 @@ def read_kinds(store: EventStore, run_id: str, kinds: Iterable[str]) -> list[Sto
     """
     head = store.head(run_id).seq
     events = _checked(store, run_id, kinds, 1, head)
-    count = store.count(run_id)
-    if count < head:
-        raise CorruptLedger(run_id, head, f"the run holds {count} records up to seq {head}: some seqs are missing")
+    _check_gapless(store, run_id, head)
     return events
 
 
@@ -150,9 +155,7 @@ def query_events(store: EventStore, run_id: str, what: str, n: int) -> Provenanc
     life: list[StoredEvent] = []
     for lo, hi in _spans(spine, subjects, head):
         life += _checked(store, run_id, LIFE, lo, hi)
-    count = store.count(run_id)
-    if count < head:
-        raise CorruptLedger(run_id, head, f"the run holds {count} records up to seq {head}: some seqs are missing")
+    _check_gapless(store, run_id, head)
     prov = Provenance.from_events(sorted(spine + life, key=lambda s: s.seq), rollouts=subjects)
     if what == "rollout" and n not in prov.requests:  # say which rollouts there are
         ids = frozenset(rid for s in spine if type(s.event) is ev.RolloutRequested for rid in s.event.rollout_ids)

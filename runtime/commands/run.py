@@ -186,7 +186,7 @@ def _print_summary(console, summary: dict, out: str) -> None:
 def _speed(summary: dict) -> str:
     """Steps/min of the RL time this process saw; a resumed run says which steps those were."""
     speed = f"{summary['steps_per_minute']:.1f}"
-    here = summary.get("steps_here", summary["steps"])
+    here = summary["steps_here"]
     if here != summary["steps"]:
         speed += f" (the {here} steps since the resume, in {summary['rl_seconds']:.0f} s)"
     return speed

@@ -136,7 +136,7 @@ class _Replay:
             return self.report([Divergence("ledger", seq, "missing" if bad is None else bad.kind, "chain",
                                            f"hash chain: {chain.reason}")])
         with Progress("reading the log", chain.events, unit="events", enabled=self.progress) as bar:
-            index = index_run(_counted(self.events(), bar))
+            index = index_run(_Counter(bar).counted(self.events()))
         self.steps_total = len(index.steps)
         # Replay re-trains from logged outcomes and judges nothing: its stack is compared with the
         # trainer's (the host's in RunStarted, where no trainer joined: on its own devices it may run
@@ -217,14 +217,20 @@ class _Replay:
         return self.report(divergences, verified=rerun.verified, final=rerun.final, regenerated=rerun.regenerated)
 
 
-def _counted(events, bar: Progress, every: int = 4096):
-    """``events`` as they are, counted on ``bar`` every ``every`` events and at the end."""
-    n = 0
-    for n, stored in enumerate(events, 1):
-        if n % every == 0:
-            bar.update(n)
-        yield stored
-    bar.update(n)
+class _Counter:
+    """Counts what passes through :meth:`counted` on ``bar``, every ``every`` items and at the end
+    of each pass; the count goes on across passes."""
+
+    def __init__(self, bar: Progress, every: int = 4096):
+        self.bar, self.every, self.n = bar, every, 0
+
+    def counted(self, items):
+        for item in items:
+            self.n += 1
+            if self.n % self.every == 0:
+                self.bar.update(self.n)
+            yield item
+        self.bar.update(self.n)
 
 
 class _CountedScans:
@@ -232,15 +238,10 @@ class _CountedScans:
     through ``scan``); everything else is the store's own."""
 
     def __init__(self, store, bar: Progress):
-        self._store, self._bar, self._n = store, bar, 0
+        self._store, self._counter = store, _Counter(bar)
 
     def scan(self, *args, **kwargs):
-        for stored in self._store.scan(*args, **kwargs):
-            self._n += 1
-            if self._n % 4096 == 0:
-                self._bar.update(self._n)
-            yield stored
-        self._bar.update(self._n)
+        return self._counter.counted(self._store.scan(*args, **kwargs))
 
     def __getattr__(self, name: str):
         return getattr(self._store, name)
