@@ -201,6 +201,32 @@ class RunStarted(Event):
     fingerprint: dict = dataclasses.field(default_factory=dict)
 
 
+@event("RunForked")
+class RunForked(Event):
+    """This run continues another run's history from a point of it: every event before this one
+    is the parent's, seq for seq and byte for byte, so the hash chain up to here is the parent's
+    (``parent_digest`` is the parent's chain digest at ``parent_seq``, this event's own ``seq - 1``).
+
+    ``parent`` is the parent's run directory (absolute) and ``parent_run`` its run id; ``version``
+    the newest version published at the fork point. ``changes`` maps each setting the fork changed
+    (``section.field``) to ``[parent value, fork value]``; ``config`` is the whole resolved config
+    from here on (its digest ``config_digest``) and ``inputs`` the input files it reads, as
+    ``RunStarted``'s fingerprint records them (``runtime.inputs``). ``reason`` says why the fork was
+    made: ``"fork"`` (``rlx fork``) or ``"rescore"`` (``rlx replay --rescore``).
+    """
+
+    parent: str
+    parent_run: str
+    parent_seq: int
+    parent_digest: str
+    version: int
+    changes: dict
+    config: dict
+    config_digest: str
+    inputs: dict = dataclasses.field(default_factory=dict)
+    reason: str = "fork"
+
+
 @event("ControllerStarted")
 class ControllerStarted(Event):
     """A controller took the writer epoch ``epoch`` (first start or resume).

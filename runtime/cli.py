@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "runtime.commands.serve",
     "runtime.commands.worker",
     "runtime.commands.replay",
+    "runtime.commands.fork",
     "runtime.commands.audit",
     "runtime.commands.curate",
     "runtime.commands.export",

@@ -27,7 +27,7 @@ from runtime.config import PROCESSES, Config
 from runtime.errors import UsageError
 from runtime.host import Host, ThreadRunner
 from runtime.placement import Layout
-from runtime.rundir import RUN_LEDGER_FILE, RunDir, check_creatable, run_started
+from runtime.rundir import RUN_LEDGER_FILE, RunDir, check_creatable, logged_run
 from runtime.session import Session, build_session, build_task, resolve, run_fingerprint, trainer_mesh
 
 
@@ -164,7 +164,7 @@ def resume(out: str, *, run_id: str | None = None, progress: bool = True,
     rundir = RunDir(out)
     with open_store(rundir.ledger, readonly=True) as reader:
         run_id = rundir.select_run(reader, run_id)
-        first = run_started(reader, run_id)
+        first = logged_run(reader, run_id)  # a fork runs with its newest RunForked's settings
     # Built from the input files the run recorded, by absolute path, and only while they hold
     # what the run read (the logged config, and its digest, stay as they are).
     config = run_inputs.located(Config.from_dict(first.config), first.fingerprint)

@@ -83,6 +83,48 @@ def run_started(store, run_id: str):
     return first
 
 
+@dataclasses.dataclass(frozen=True)
+class LoggedRun:
+    """What a run's ledger says it runs with: its ``RunStarted`` and, for a fork
+    (``runtime.fork``), each ``RunForked`` with its seq, oldest first. A fork's settings are its
+    newest ``RunForked``'s; its stack is the ``RunStarted`` one's."""
+
+    started: Any
+    forks: tuple[tuple[int, Any], ...] = ()
+
+    @property
+    def config(self) -> dict:
+        """The resolved config (a dict) the run runs with now."""
+        return self.forks[-1][1].config if self.forks else self.started.config
+
+    @property
+    def fingerprint(self) -> dict:
+        """``RunStarted``'s fingerprint, its input files those of the newest fork."""
+        if not self.forks:
+            return self.started.fingerprint
+        return {**self.started.fingerprint, "inputs": self.forks[-1][1].inputs}
+
+    def config_at(self, seq: int) -> dict:
+        """The config the run ran with at ``seq``: that of the newest ``RunForked`` before it."""
+        config = self.started.config
+        for at, fork in self.forks:
+            if at < seq:
+                config = fork.config
+        return config
+
+
+def logged_run(store, run_id: str) -> LoggedRun:
+    """The :class:`LoggedRun` of ``run_id`` in ``store`` (only its ``RunStarted`` and
+    ``RunForked`` records are read)."""
+    from ledger import events as ev
+    from ledger.codec import decode_body
+
+    started = run_started(store, run_id)
+    forks = tuple((r.seq, decode_body(r.kind, r.version, r.body, store.registry))
+                  for _, r in store.scan_linked(run_id, [ev.RunForked.KIND]))
+    return LoggedRun(started, forks)
+
+
 def check_creatable(path: str | os.PathLike, flag: str, *, directory: bool = True) -> None:
     """Raise ``UsageError`` (naming ``flag``) unless ``path`` can be written: not a symbolic link
     (whose target the user did not name), an existing directory (with ``directory``; a file
@@ -195,5 +237,5 @@ def _ledger_of(directory: str) -> str:
 # names the ledger ``RunDir.ledger`` says.
 resolve_directories(_ledger_of)
 
-__all__ = ["PARAMS_DIR", "RUN_LEDGER_FILE", "RUN_POINTER_FILE", "RunDir", "check_creatable", "directory_pointer",
-           "pointed_run", "run_pointer", "run_started", "write_run_pointer"]
+__all__ = ["PARAMS_DIR", "RUN_LEDGER_FILE", "RUN_POINTER_FILE", "LoggedRun", "RunDir", "check_creatable",
+           "directory_pointer", "logged_run", "pointed_run", "run_pointer", "run_started", "write_run_pointer"]

@@ -100,6 +100,7 @@ EXPORTED = frozenset({
 """Event kinds whose facts reach the rows (``_facts``, ``_step_facts``)."""
 NOT_EXPORTED: dict[type, str] = {
     ev.RunStarted: "the config and fingerprint belong to the run, not to a row (the export's caller reads them)",
+    ev.RunForked: "the parent and the changed settings belong to the run, not to a row (the export's caller reads them)",
     ev.ControllerStarted: "writer epochs are infrastructure: no rollout, version or step fact",
     ev.SnapshotTaken: "a snapshot of the controller's fold is infrastructure: no rollout, version or step fact",
     ev.WorkerJoined: "a rollout row names its workers through its leases and completion",

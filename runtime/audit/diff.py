@@ -4,7 +4,10 @@ Two runs of the same config, seed, data and software stack have the same weight 
 for batch (deterministic mode, invariant I7 of ``runtime.controller.invariants``). When they do not, the question is where they
 first part and why. :func:`diff_runs` answers from the two ledgers alone:
 
-- the logged config and environment fingerprint, key by key;
+- where one is a fork of the other (``rlx fork``, ``runtime.fork``), or both of one parent: the
+  fork point, the last seq their hash chains share, with the version published there and the
+  settings the fork changed (the history before it is one history, so nothing before it is
+  compared); else the logged config, key by key; the environment fingerprint, key by key;
 - the first weight version whose digest differs, and for the step that produced it, whether
   its inputs (parent version, batch, the batch's rollouts) were the same;
 - the first rollout (by id) whose request, completion or outcome differs, and whether the
@@ -39,8 +42,11 @@ class _Run:
         self.requests: dict[int, ev.SampleRequest] = {}
         self.completions: dict[int, ev.RolloutCompleted] = {}
         self.outcomes: dict[int, ev.OutcomeRecorded] = {}
+        self.chain: list[bytes] = []  # the chain digest at each seq, from seq 1
+        self.forks: dict[int, ev.RunForked] = {}  # by seq
         for stored in events:
             e = stored.event
+            self.chain.append(stored.digest)
             if type(e) is ev.RolloutRequested:
                 for q in e.samples():
                     self.requests.setdefault(q.rollout_id, q)
@@ -57,6 +63,34 @@ class _Run:
             elif type(e) is ev.RunStarted and self.started is None:
                 self.started = e
                 self.fingerprint = dict(e.fingerprint)
+            elif type(e) is ev.RunForked:
+                self.forks[stored.seq] = e
+
+    @property
+    def config(self) -> dict:
+        """The config the run ended with: its newest fork's, else the one it started with."""
+        if self.forks:
+            return self.forks[max(self.forks)].config
+        return self.started.config if self.started else {}
+
+
+def _fork_point(a: _Run, b: _Run) -> dict | None:
+    """Where two runs that share the start of one hash chain part: the last shared seq, the
+    ``RunForked`` that follows it in either, and what it changed; None when they share no event or
+    neither forked there."""
+    shared = 0
+    for x, y in zip(a.chain, b.chain, strict=False):
+        if x != y:
+            break
+        shared += 1
+    sides = [(side, run.forks[shared + 1]) for side, run in (("a", a), ("b", b)) if shared + 1 in run.forks]
+    if not shared or not sides:
+        return None
+    first = sides[0][1]
+    return {"seq": shared, "version": first.version, "parent_digest": first.parent_digest,
+            "forked": [side for side, _ in sides],
+            "changes": {side: fork.changes for side, fork in sides},
+            "reason": {side: fork.reason for side, fork in sides}}
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -129,13 +163,16 @@ def _step_inputs(a: _Run, b: _Run, step: int) -> dict:
 def diff_runs(a_events: Iterable[StoredEvent], b_events: Iterable[StoredEvent]) -> dict[str, Any]:
     """Where run B first parts from run A (see the module docstring); JSON-able.
 
+    ``fork_point`` (see :func:`_fork_point`) is None unless one run is a fork of the other (or
+    both forks of one run); ``config_differences`` compare the configs the runs ended with.
     ``identical`` is True when every version published by both has the same digest and every
     rollout requested by both has the same request, and the same completion and outcome where
     both recorded one (a run that stopped earlier is identical to the longer one up to where it
     stopped; the ``only`` counts say how far each went).
     """
     a, b = _Run(a_events), _Run(b_events)
-    config = _differences(a.started.config if a.started else {}, b.started.config if b.started else {})
+    config = _differences(a.config, b.config)
+    fork = _fork_point(a, b)
     common = sorted(a.digests.keys() & b.digests.keys())
     first_version = next((v for v in common if a.digests[v] != b.digests[v]), None)
     version_doc = None
@@ -157,6 +194,7 @@ def diff_runs(a_events: Iterable[StoredEvent], b_events: Iterable[StoredEvent]) 
             break
     return {
         "identical": first_version is None and rollout_doc is None,  # over what both recorded
+        "fork_point": fork,
         "config_differences": {k: v for k, v in config.items() if k != "run.name"},
         "fingerprint_differences": _differences(a.fingerprint, b.fingerprint),
         "versions_compared": len(common),

@@ -219,7 +219,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
                "b": {"directory": args.other, "run_id": b.run_id}, **doc})
         return 0 if doc["identical"] else 1
     print(f"A: run {a.run_id} in {args.directory}\nB: run {b.run_id} in {args.other}")
-    for what in ("config", "fingerprint"):
+    fork = doc["fork_point"]
+    if fork is not None:  # one history up to the fork point: what differs is what the fork changed
+        who = " and ".join(side.upper() for side in fork["forked"])
+        print(f"fork point: A and B share their hash chain up to seq {fork['seq']} (version {fork['version']}, "
+              f"chain digest {fork['parent_digest'][:16]}); {who} forked there")
+        for side in fork["forked"]:
+            for key, (x, y) in fork["changes"][side].items():
+                print(f"  {side.upper()} changed {key}: {x!r} → {y!r}")
+    for what in ("fingerprint",) if fork is not None else ("config", "fingerprint"):
         for key, (x, y) in doc[f"{what}_differences"].items():
             print(f"{what} differs: {key} = {x!r} in A, {y!r} in B")
     compared = f"{doc['versions_compared']} common versions and {doc['rollouts_compared']} common rollouts"

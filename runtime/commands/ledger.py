@@ -92,16 +92,21 @@ def _emit(obj: Any) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from runtime.controller import snapshot
+    from runtime.fork import check_parents
 
     with open_target(args.target, readonly=True) as store:
         reports = [store.verify(r) for r in _runs(store, args.run_id, args.target)]
         # A log whose chain holds is folded once more to prove its snapshots: every stored row,
         # every SnapshotTaken and every snapshot a ControllerStarted resumed from.
         proven = {r.run_id: snapshot.proofs(store, r.run_id) if r.ok else [] for r in reports}
-    ok = all(r.ok and all(p.ok for p in proven[r.run_id]) for r in reports)
+        # A fork's chain up to its fork point must be its parent's (runtime.fork).
+        parents = {r.run_id: check_parents(store, r.run_id) if r.ok else [] for r in reports}
+    ok = all(r.ok and all(p.ok for p in proven[r.run_id]) and all(f["ok"] for f in parents[r.run_id])
+             for r in reports)
     if args.json:
         _emit({"ok": ok, "url": store.url, "runs": [
-            {**_report_dict(r), "snapshots": [_proof_dict(p) for p in proven[r.run_id]]} for r in reports]})
+            {**_report_dict(r), "snapshots": [_proof_dict(p) for p in proven[r.run_id]], "forked_from": parents[r.run_id]}
+            for r in reports]})
     else:
         if not reports:
             print(f"{store.url}: no runs")
@@ -114,6 +119,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
             else:
                 hint = "torn tail: `rlx ledger repair` cuts it" if r.torn_tail else "corruption in the middle"
                 print(f"run {r.run_id}: CORRUPT at seq {r.first_bad_seq}: {r.reason} ({hint})")
+            for f in parents[r.run_id]:
+                where = f"run {f['parent_run']} of {f['parent']} up to seq {f['parent_seq']} (version {f['version']})"
+                if not f["ok"]:
+                    print(f"run {r.run_id}: FORK at seq {f['seq']} does not share the chain of {where}: {f['reason']}")
+                else:
+                    checked = "checked against the parent's ledger" if f["parent_checked"] else f["reason"]
+                    print(f"run {r.run_id}: forked from {where}, chain digest {f['parent_digest'][:16]} ({checked})")
             for p in proven[r.run_id]:
                 if not p.ok:
                     named = f" (named by seq {p.by})" if p.by else " (stored row)"

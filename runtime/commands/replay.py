@@ -21,6 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also re-sample every rollout and compare tokens and log-prob bits")
     p.add_argument("--check-snapshots", action="store_true",
                    help="also prove that every stored controller snapshot equals the fold of the log up to its seq")
+    p.add_argument("--rescore", metavar="VERIFIER",
+                   help="re-derive the run with another verifier (builtin, FILE.py or FILE.py:FUNCTION) from just "
+                        "before the first outcome it judges otherwise, into a new run directory (--out)")
+    p.add_argument("--out", help="with --rescore: the new run directory")
+    p.add_argument("--no-progress", action="store_true", help="with --rescore: no live progress bar")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_replay)
 
@@ -31,8 +36,13 @@ def _stderr(message: str) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from runtime import compile_cache
+    from runtime.errors import UsageError
     from runtime.replay import replay_run
 
+    if (args.rescore is None) != (args.out is None):
+        raise UsageError("--rescore VERIFIER and --out DIR go together: the re-scored run is a new run directory")
+    if args.rescore is not None:
+        return _rescore(args)
     compile_cache.enable()
     report = replay_run(
         args.directory, run_id=args.run_id, from_version=args.from_version, regenerate=args.regenerate,
@@ -67,3 +77,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if len(report.divergences) > 1:
             console.print(f"{len(report.divergences) - 1} more; --json lists them", highlight=False)
     return 0 if report.match else 1
+
+
+def _rescore(args: argparse.Namespace) -> int:
+    """``--rescore``: the run forked just before the first outcome the new verifier judges
+    otherwise (``runtime.fork.rescore``), then run to its end; prints a JSON object with
+    ``--json``."""
+    from rich.console import Console
+
+    from runtime import compile_cache
+    from runtime.commands.fork import _continue
+    from runtime.fork import rescore
+
+    console = Console(stderr=args.json)
+    made = rescore(args.directory, args.rescore, args.out, run_id=args.run_id,
+                   log=lambda m: console.print(m, highlight=False))
+    if made is None:
+        return 0
+    status = _continue(args.out, False, args.no_progress, console, compile_cache)
+    if args.json:
+        import json as _json
+        import os
+
+        with open(os.path.join(args.out, "summary.json"), encoding="utf-8") as f:
+            summary = _json.load(f)
+        print(_json.dumps({**made, "final_version": summary["final_version"],
+                           "final_digest": summary["final_digest"]}, sort_keys=True))
+    return status

@@ -64,7 +64,7 @@ class StateView(Protocol):
 
 
 INPUT_KINDS = frozenset({
-    ev.RunStarted, ev.ControllerStarted, ev.WorkerJoined, ev.WorkerLost, ev.RolloutCompleted,
+    ev.RunStarted, ev.RunForked, ev.ControllerStarted, ev.WorkerJoined, ev.WorkerLost, ev.RolloutCompleted,
     ev.RolloutAbandoned, ev.OutcomeRecorded, ev.TrainStepCompleted, ev.WeightsPublished, ev.VersionEvaluated,
     ev.SnapshotTaken,
 })
@@ -172,6 +172,10 @@ def _run_started(s: StateView, e: ev.RunStarted) -> str | None:
     return "the run has already started" if s.spec is not None else None
 
 
+def _run_forked(s: StateView, e: ev.RunForked) -> str | None:
+    return "the run is finished" if s.finished else None
+
+
 def _controller_started(s: StateView, e: ev.ControllerStarted) -> str | None:
     return f"epoch {e.epoch} is not above {s.epoch}" if e.epoch <= s.epoch else None
 
@@ -183,6 +187,7 @@ def _snapshot_taken(s: StateView, e: ev.SnapshotTaken) -> str | None:
 # Each guard takes a state and an input of its key's kind.
 _GUARDS: dict[type, Callable[[StateView, Any], str | None]] = {
     ev.RunStarted: _run_started,
+    ev.RunForked: _run_forked,
     ev.ControllerStarted: _controller_started,
     ev.SnapshotTaken: _snapshot_taken,
     ev.WorkerJoined: _worker_joined,

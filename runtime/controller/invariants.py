@@ -105,6 +105,13 @@ class _Checker:
         max_tokens = self.spec.sampling.get("max_tokens")
         self.bounds = Bounds(self.vocab_size, max_tokens if isinstance(max_tokens, int) else None)
 
+    def _forked(self, seq: int, e: ev.RunForked) -> None:
+        seed = 0 if self.spec is None else self.spec.seed
+        try:
+            self.spec = ControllerSpec.from_config(e.config, seed)
+        except SpecError as err:
+            self.flag("I6", seq, f"RunForked config unusable: {err}")
+
     def _assigned(self, seq: int, e: ev.RolloutAssigned) -> None:
         for rid in e.rollout_ids:
             q = self.requests.get(rid)
@@ -308,6 +315,7 @@ class _Checker:
 
 _CHECKS: dict[type, Callable[[_Checker, int, Any], None]] = {
     ev.RunStarted: _Checker._started,
+    ev.RunForked: _Checker._forked,
     ev.RolloutRequested: _Checker._requested,
     ev.RolloutAssigned: _Checker._assigned,
     ev.RolloutCompleted: _Checker._completed,

@@ -144,6 +144,26 @@ class ControllerLoop:
                                           rec.snapshot_seq, rec.snapshot_digest)])
         return loop
 
+    @classmethod
+    def continue_with(cls, store: EventStore, run_id: str, start: snapshot.Recovered, inputs: Sequence[ev.Event],
+                      **kwargs) -> ControllerLoop:
+        """Append ``inputs`` and the decisions they call for after ``start``, the fold of the
+        run's whole log, under a writer epoch above every epoch that log names: how a fork
+        (``runtime.fork``) records its parent and settings after the history it copied.
+
+        Raises:
+            UsageError: an input is not admitted.
+        """
+        epoch = store.acquire_epoch(run_id)
+        while epoch <= start.state.epoch:  # the copied history's controllers had these epochs
+            epoch = store.acquire_epoch(run_id)
+        loop = cls(store, run_id, epoch, **kwargs)
+        loop._state, loop.cache, loop.head_seq = start.state, start.cache, start.seq
+        verdicts = loop.submit(inputs)
+        if not all(v.accepted for v in verdicts):
+            raise UsageError(f"cannot continue run {run_id!r}: {[v.reason for v in verdicts if not v.accepted]}")
+        return loop
+
     # -- core -----------------------------------------------------------------------------------
 
     @property

@@ -150,6 +150,15 @@ def _run_started(d: _Draft, e: ev.RunStarted) -> None:
     d.run_id, d.config_digest = e.run_id, e.config_digest
 
 
+def _run_forked(d: _Draft, e: ev.RunForked) -> None:
+    # The fork's settings hold from here on; the parent's leases and workers stay with the parent.
+    spec = _started(d, e)
+    d.spec = ControllerSpec.from_config(e.config, spec.seed)
+    d.config_digest = e.config_digest
+    _requeue_leases(d, lambda _: True)
+    d.workers, d.free = INITIAL.workers.mutate(), ()
+
+
 def _controller_started(d: _Draft, e: ev.ControllerStarted) -> None:
     # Leases and worker registrations belong to the previous controller: workers join again.
     _requeue_leases(d, lambda _: True)
@@ -376,6 +385,7 @@ def _run_finished(d: _Draft, e: ev.RunFinished) -> None:
 # Each handler takes the draft and an event of its key's kind.
 _HANDLERS: dict[type, Callable[[_Draft, Any], None]] = {
     ev.RunStarted: _run_started,
+    ev.RunForked: _run_forked,
     ev.ControllerStarted: _controller_started,
     ev.SnapshotTaken: _snapshot_taken,
     ev.WorkerJoined: _worker_joined,

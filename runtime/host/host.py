@@ -66,9 +66,9 @@ class Host:
         with ``check``) and queue the retired versions a crash left in the parameter store."""
         from runtime.controller import ControllerLoop
         from runtime.inputs import located
-        from runtime.rundir import run_started
+        from runtime.rundir import logged_run
 
-        started = run_started(store, run_id)  # served to the workers with the input paths the run recorded
+        started = logged_run(store, run_id)  # served to the workers with the input paths the run recorded
         config = located(Config.from_dict(started.config), started.fingerprint)
         retirer = Retirer(pstore)
         try:

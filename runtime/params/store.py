@@ -479,6 +479,38 @@ class ParamStore:
             _remove_tree(os.path.join(directory, data))
 
 
+def share_version(source: ParamStore, dest: ParamStore, version: int) -> str:
+    """Give store ``dest`` version ``version`` of store ``source`` (parameters and optimizer
+    state), by reference where both are local directories: each of its files is hard-linked, no
+    byte is copied, and either store may later delete its own links without touching the other's.
+    Elsewhere (a memory store, another file system) it is copied through ``get`` and ``put``,
+    with the same digest. The manifest is linked last, so ``dest`` sees the version whole or not
+    at all. Returns the version's digest; a version ``dest`` holds already must have it."""
+    manifest = source.manifest(version)
+    if version in dest.versions():
+        if dest.digest(version) != manifest.digest:
+            raise ParamStoreError(f"version {version} of {dest.url} differs from that of {source.url}")
+        return manifest.digest
+    src, dst = source._location.directory, dest._location.directory
+    if src is not None and dst is not None:
+        made: list[str] = []
+        try:
+            for root, _, files in os.walk(os.path.join(src, manifest.data)):
+                here = os.path.join(dst, os.path.relpath(root, src))
+                os.makedirs(here, exist_ok=True)
+                for name in files:
+                    os.link(os.path.join(root, name), os.path.join(here, name))
+                    made.append(os.path.join(here, name))
+            os.makedirs(os.path.join(dst, layout.MANIFESTS), exist_ok=True)
+            os.link(os.path.join(src, layout.manifest_key(version)), os.path.join(dst, layout.manifest_key(version)))
+            return manifest.digest
+        except OSError:  # another file system, or links refused: copy instead
+            for path in made:
+                os.unlink(path)
+    opt = source.get_opt_state(version) if manifest.opt_state is not None else None
+    return dest.put(version, source.get(version), opt)
+
+
 def _remove_tree(top: str) -> None:
     """Remove what the file driver leaves of a deleted data prefix, then its empty parent.
 

@@ -168,6 +168,8 @@ class ReplayIndex:
       events: how many events the run has.
       trainer_fingerprint: the stack the first trainer that joined recorded (None before any
         joined): the machine whose bits a replay re-trains.
+      forks: each ``RunForked`` with its seq, oldest first (a fork's steps after it train with
+        its config: :meth:`config_at`).
     """
 
     run: ev.RunStarted
@@ -178,6 +180,16 @@ class ReplayIndex:
     events: int = 0
     trainer_layouts: tuple[dict, ...] = ()
     trainer_fingerprint: dict | None = None
+    forks: tuple[tuple[int, ev.RunForked], ...] = ()
+
+    def config_at(self, seq: int) -> dict:
+        """The config the run ran with at ``seq``: the newest ``RunForked``'s before it, else
+        ``RunStarted``'s."""
+        config = self.run.config
+        for at, fork in self.forks:
+            if at < seq:
+                config = fork.config
+        return config
 
     @property
     def latest(self) -> int:
@@ -223,6 +235,7 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
     shapes: list[dict] = []
     layouts: list[dict] = []
     trainer_fingerprint: dict | None = None
+    forks: list[tuple[int, ev.RunForked]] = []
     count = 0
     for stored in events:
         e, seq = stored.event, stored.seq
@@ -257,6 +270,8 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
                 trainer_fingerprint = e.info["fingerprint"]
         elif type(e) is ev.RunStarted and run is None:
             run = e
+        elif type(e) is ev.RunForked:
+            forks.append((seq, e))
     for s in armed:
         ready[s] = len(order)
     if run is None:
@@ -273,7 +288,7 @@ def index_run(events: Iterable[StoredEvent]) -> ReplayIndex:
                                ready.get(step, len(order)), retirements))
     retained = tuple(sorted(v for v in published if v not in order))
     return ReplayIndex(run, dict(sorted(published.items())), tuple(steps), retained, tuple(shapes), count,
-                       tuple(layouts), trainer_fingerprint)
+                       tuple(layouts), trainer_fingerprint, tuple(forks))
 
 
 def _trainer_layout(e: ev.WorkerJoined) -> dict | None:

@@ -163,7 +163,7 @@ class _Replay:
         if start != from_version:
             self.log(f"version {from_version} is not kept: re-training from version {start}, the nearest kept before it")
 
-        url = RunDir(self.directory).logged_params(index.run.config)
+        url = RunDir(self.directory).logged_params(index.config_at(index.events + 1))  # a fork's own store
         pstore = open_params(url)
         divergences = _check_stored(index, pstore, url)
         self.log(f"folding {index.events} events of run {self.run_id!r} with decision checks"
@@ -301,6 +301,8 @@ class _Rerun:
         # A private context: the replay's versions never mix with any other memory:// store.
         self.store = ParamStore.open("memory://replay/", context=ts.Context())
         self.trainer = make_trainer(session, self.store, "replay-trainer", replay=True)
+        # A fork's steps after its RunForked train with the fork's settings: one trainer per config.
+        self._trainers = {plan.run.config_digest: self.trainer}
         self.sampler = None if not sample else EngineWorker(
             "replay-inference", session.engine, session.task, session.codec,
             lambda v: (self.store.get(v), self.store.digest(v)))
@@ -351,7 +353,7 @@ class _Rerun:
         for v in self.store.versions():
             if step.could_not_read(v):
                 self.store.delete(v)
-        trained, published = self.trainer.train(step.task)
+        trained, published = self._trainer(step).train(step.task)
         self.final = (step.step, published.digest)
         found = compare_step(step, trained, published)
         differs = any(d.kind == published.KIND for d in found)
@@ -361,6 +363,23 @@ class _Rerun:
             self.log(f"step {step.step}: digest {published.digest[:16]} {'differs' if differs else 'matches'}"
                      f"{' (step metrics differ)' if not differs else ''}")
         return found
+
+    def _trainer(self, step: StepPlan):
+        """The trainer of the config ``step`` was trained with (a fork's, after its RunForked)."""
+        fork = None
+        for at, event in self.plan.forks:
+            if at < step.trained_seq:
+                fork = event
+        digest = self.plan.run.config_digest if fork is None else fork.config_digest
+        if digest not in self._trainers:
+            from runtime.session import make_trainer, step_config
+
+            assert fork is not None
+            config = run_inputs.located(Config.from_dict(fork.config), {"inputs": fork.inputs})
+            session = dataclasses.replace(self.session, config=config,
+                                          step_config=step_config(config, self.session.model))
+            self._trainers[digest] = make_trainer(session, self.store, "replay-trainer", replay=True)
+        return self._trainers[digest]
 
     def regenerate(self, batch: Sampled) -> list[Divergence]:
         """Re-sample every accepted rollout of a version and compare it with the logged one."""

@@ -1,0 +1,160 @@
+"""``rlx fork`` and ``rlx replay --rescore``: a run that shares its parent's history up to a
+version and goes on with some settings changed, on real tiny runs (the built-in model on
+two-digit sums, deterministic mode, the roles as threads).
+
+The parent is the injected-bug run of ``test_taint``: a reward file that flips a known 2% of the
+outcomes. A fork with nothing changed ends on the parent's final weights; a fork with another
+learning rate shares the parent's chain up to the fork point, verifies, replays bit for bit and
+passes the audit; a fork of that fork works; a re-scored replay with the right reward file ends
+on the weights of a run that had it from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ledger import events as ev
+from ledger import open_store
+from runtime.cli import main
+from tests.runtime import small_run
+from tests.runtime.test_taint import BUGGY, RIGHT
+
+STEPS = 4
+
+
+def _run(root, out, reward: str) -> str:
+    argv = ["run", "--out", str(out), "--no-progress", "--steps", str(STEPS), "--data", str(root / "sums.jsonl"),
+            "--set", f'pretrain.cache_dir="{root / "warm"}"', "--set", "sampling.max_tokens=4",
+            "--set", f'verifier.reward="{root / reward}"', "--set", 'workers.mode="threads"',
+            "--set", "params.keep_newest=10", "--set", "eval.every_steps=0"]
+    for o in small_run.TINY:
+        argv += ["--set", o]
+    assert main(argv) == 0
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory):
+    """A 4-step math run scored by ``BUGGY`` that keeps every version; (root, run directory)."""
+    root = tmp_path_factory.mktemp("fork")
+    small_run.write_sums(root / "sums.jsonl")
+    (root / "buggy.py").write_text(BUGGY, encoding="utf-8")
+    (root / "right.py").write_text(RIGHT, encoding="utf-8")
+    return root, _run(root, root / "parent", "buggy.py")
+
+
+def _summary(out) -> dict:
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _stored(out) -> list:
+    with open_store(str(out), readonly=True) as store:
+        return list(store.read("run"))
+
+
+def test_a_fork_with_nothing_changed_ends_on_the_parents_weights(parent, tmp_path):
+    root, out = parent
+    fork = tmp_path / "same"
+    assert main(["fork", out, "--at", "2", "--out", str(fork), "--no-progress"]) == 0
+    assert _summary(fork)["final_digest"] == _summary(out)["final_digest"]
+    mine, theirs = _stored(fork), _stored(out)
+    forked = next(s for s in mine if isinstance(s.event, ev.RunForked))
+    published = next(s for s in theirs if isinstance(s.event, ev.WeightsPublished) and s.event.version == 2)
+    assert forked.seq == published.seq + 1 and forked.event.parent_seq == published.seq
+    assert forked.event.parent_digest == published.digest.hex() == mine[published.seq - 1].digest.hex()
+    assert [s.digest for s in mine[:published.seq]] == [s.digest for s in theirs[:published.seq]]
+    assert forked.event.changes == {} and forked.event.version == 2 and forked.event.parent == out
+    steps = [s.event.step for s in mine[forked.seq:] if isinstance(s.event, ev.TrainStepCompleted)]
+    assert steps == [3, 4]  # trained again in the fork, not copied
+
+
+def test_a_fork_with_another_learning_rate_verifies_replays_and_passes_the_audit_and_can_be_forked(
+        parent, tmp_path, capsys):
+    root, out = parent
+    fork = str(tmp_path / "lr")
+    assert main(["fork", out, "--at", "1", "--out", fork, "--no-progress", "--set", "trainer.learning_rate=3e-3"]) == 0
+    mine, theirs = _stored(fork), _stored(out)
+    forked = next(s.event for s in mine if isinstance(s.event, ev.RunForked))
+    assert forked.changes == {"trainer.learning_rate": (small_run_lr(out), 3e-3)} and forked.version == 1
+    assert forked.config["trainer"]["learning_rate"] == 3e-3
+    parts = [s.digest for s in mine[:forked.parent_seq]] == [s.digest for s in theirs[:forked.parent_seq]]
+    assert parts
+    digest = {v: d for v, d in _versions(mine).items()}
+    assert digest[1] == _versions(theirs)[1] and digest[STEPS] != _versions(theirs)[STEPS]
+    capsys.readouterr()
+    assert main(["ledger", "verify", fork, "--json"]) == 0
+    verified = json.loads(capsys.readouterr().out)
+    assert verified["ok"] and verified["runs"][0]["forked_from"][0]["parent_checked"]
+    assert verified["runs"][0]["forked_from"][0]["parent_seq"] == forked.parent_seq
+    assert main(["replay", fork, "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["match"] and replayed["final_digest"] == digest[STEPS]
+    assert main(["audit", fork, "check"]) == 0
+    capsys.readouterr()
+    assert main(["audit", out, "diff", fork, "--json"]) == 1
+    diff = json.loads(capsys.readouterr().out)
+    assert diff["fork_point"]["seq"] == forked.parent_seq and diff["fork_point"]["forked"] == ["b"]
+    assert diff["fork_point"]["changes"]["b"] == {"trainer.learning_rate": [small_run_lr(out), 3e-3]}
+    assert diff["first_divergent_version"]["version"] == 2  # the first step trained with the new rate
+
+    again = str(tmp_path / "lr-same")  # a fork of the fork, at one of its own versions, changing nothing
+    assert main(["fork", fork, "--at", "3", "--out", again, "--no-progress"]) == 0
+    assert _summary(again)["final_digest"] == digest[STEPS]
+    grand = [s.event for s in _stored(again) if isinstance(s.event, ev.RunForked)]
+    assert [f.parent for f in grand] == [out, fork] and grand[1].config == forked.config
+    capsys.readouterr()
+    assert main(["replay", again, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["match"]
+
+
+def small_run_lr(out) -> float:
+    return _stored(out)[0].event.config["trainer"]["learning_rate"]
+
+
+def _versions(stored) -> dict[int, str]:
+    return {s.event.version: s.event.digest for s in stored if isinstance(s.event, ev.WeightsPublished)}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--at", "9"], "--at 9: run 'run' never published version 9 (it published 0..4)"),
+    (["--at", "1", "--set", "trainer.nope=1"], "trainer field: 'nope' is not accepted; accepted: learning_rate"),
+    (["--at", "1", "--set", "sampling.group_size=2"], "--set sampling.group_size=2: sampling.group_size cannot change "
+                                                       "mid-run"),
+    (["--at", "1", "--set", "run.steps=1"], "--set run.steps=1: the parent had already requested batch"),
+])
+def test_a_fork_that_cannot_be_is_refused_in_one_line_and_writes_nothing(parent, tmp_path, capsys, argv, message):
+    root, out = parent
+    fork = tmp_path / "refused"
+    capsys.readouterr()
+    assert main(["fork", out, "--out", str(fork), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlx: error: ") and message in err[0], err
+    assert not fork.exists()
+
+
+def test_a_fork_of_a_run_that_does_not_exist_is_refused(tmp_path, capsys):
+    assert main(["fork", str(tmp_path / "nothing"), "--at", "1", "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rlx: error: {str(tmp_path / 'nothing')!r} is not a run directory (a directory holding ledger.db); "
+                   "give the directory of the run to fork"]
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_fork_at_a_version_the_parent_no_longer_keeps_is_refused(parent, tmp_path, capsys):
+    import shutil
+
+    from runtime.params import ParamStore
+
+    root, out = parent
+    copy = tmp_path / "parent"
+    shutil.copytree(out, copy)
+    ParamStore.open(str(copy / "params")).delete(1)  # as a retirement would have
+    capsys.readouterr()
+    assert main(["fork", str(copy), "--at", "2", "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the parent's parameter store {copy / 'params'} no longer keeps version 1" in err[0]
+    assert not (tmp_path / "f").exists()
