@@ -36,6 +36,30 @@ def _run(root, out, reward: str) -> str:
     return str(out)
 
 
+def test_the_settings_a_fork_may_change_and_what_it_records_of_them(tmp_path):
+    import hashlib
+
+    from runtime.errors import UsageError
+    from runtime.fork import changeable, fork_config
+
+    logged = small_run.tiny_config("sums.jsonl", "warm").resolved(data_size=25).to_dict()
+    config, changes = fork_config(logged, ["trainer.learning_rate=0.5", "run.steps=9"], requested=3)
+    assert changes == {"run.steps": [small_run.STEPS, 9], "trainer.learning_rate": [1e-2, 0.5]}
+    assert (config.trainer.learning_rate, config.run.steps, config.params.url, config.ledger.url) == (0.5, 9, None, None)
+    assert fork_config(logged, [], requested=3)[1] == {}
+    (tmp_path / "mine.py").write_text(RIGHT, encoding="utf-8")
+    config, changes = fork_config(logged, [], requested=3, values={"verifier.reward": str(tmp_path / "mine.py")})
+    digest = hashlib.sha256(RIGHT.encode()).hexdigest()
+    assert config.verifier.reward_digest == digest
+    assert changes == {"verifier.reward": [None, str(tmp_path / "mine.py")], "verifier.reward_digest": [None, digest]}
+    with pytest.raises(UsageError) as refused:
+        fork_config(logged, ["model.hidden_size=64"], requested=3)
+    assert str(refused.value) == ("--set model.hidden_size=64: model.hidden_size cannot change mid-run (it shapes what "
+                                  "the parent already sampled or decided); a fork may change " + ", ".join(changeable()))
+    with pytest.raises(UsageError, match=r"^--set run.steps=2: the parent had already requested batch 3 at the fork "):
+        fork_config(logged, ["run.steps=2"], requested=3)
+
+
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory):
     """A 4-step math run scored by ``BUGGY`` that keeps every version; (root, run directory)."""
@@ -56,6 +80,7 @@ def _stored(out) -> list:
         return list(store.read("run"))
 
 
+@pytest.mark.slow
 def test_a_fork_with_nothing_changed_ends_on_the_parents_weights(parent, tmp_path):
     root, out = parent
     fork = tmp_path / "same"
@@ -72,6 +97,7 @@ def test_a_fork_with_nothing_changed_ends_on_the_parents_weights(parent, tmp_pat
     assert steps == [3, 4]  # trained again in the fork, not copied
 
 
+@pytest.mark.slow
 def test_a_fork_with_another_learning_rate_verifies_replays_and_passes_the_audit_and_can_be_forked(
         parent, tmp_path, capsys):
     root, out = parent
@@ -119,6 +145,7 @@ def _versions(stored) -> dict[int, str]:
     return {s.event.version: s.event.digest for s in stored if isinstance(s.event, ev.WeightsPublished)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "message"), [
     (["--at", "9"], "--at 9: run 'run' never published version 9 (it published 0..4)"),
     (["--at", "1", "--set", "trainer.nope=1"], "trainer field: 'nope' is not accepted; accepted: learning_rate"),
@@ -144,6 +171,7 @@ def test_a_fork_of_a_run_that_does_not_exist_is_refused(tmp_path, capsys):
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.slow
 def test_a_fork_at_a_version_the_parent_no_longer_keeps_is_refused(parent, tmp_path, capsys):
     import shutil
 
@@ -158,3 +186,41 @@ def test_a_fork_at_a_version_the_parent_no_longer_keeps_is_refused(parent, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"the parent's parameter store {copy / 'params'} no longer keeps version 1" in err[0]
     assert not (tmp_path / "f").exists()
+
+
+@pytest.fixture(scope="module")
+def clean(parent):
+    """The parent's run with the right reward file from the start."""
+    root, _ = parent
+    return _run(root, root / "clean", "right.py")
+
+
+@pytest.mark.slow
+def test_a_rescored_replay_ends_on_the_weights_of_a_run_that_had_the_right_verifier_from_the_start(
+        parent, clean, tmp_path, capsys):
+    root, out = parent
+    rescored = str(tmp_path / "rescored")
+    right = str(root / "right.py")
+    capsys.readouterr()
+    assert main(["replay", out, "--rescore", right, "--out", rescored, "--no-progress", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["final_digest"] == _summary(clean)["final_digest"] != _summary(out)["final_digest"]
+    forked = next(s for s in _stored(rescored) if isinstance(s.event, ev.RunForked))
+    assert forked.event.reason == "rescore" and forked.event.changes["verifier.reward"] == (str(root / "buggy.py"),
+                                                                                          f"{right}:reward")
+    first = next(s for s in _stored(out) if isinstance(s.event, ev.OutcomeRecorded)
+                 and s.event.rollout_id in _changed(out, right))
+    assert forked.event.parent_seq == first.seq - 1  # just before the first outcome judged otherwise
+    assert doc["first_tainted_version"] >= 1 and doc["version"] <= doc["first_tainted_version"] - 1
+    assert main(["ledger", "verify", rescored]) == 0
+    assert main(["replay", rescored]) == 0
+    assert main(["audit", rescored, "taint", "--verifier", right, "--json"]) == 0  # nothing left to change
+    capsys.readouterr()
+    assert main(["replay", clean, "--rescore", right, "--out", str(tmp_path / "none")]) == 0
+    assert "no outcome of run 'run' changes" in capsys.readouterr().out and not (tmp_path / "none").exists()
+
+
+def _changed(out, verifier) -> set[int]:
+    from runtime.audit.taint import taint_run
+
+    return {c["rollout_id"] for c in taint_run(out, None, verifier, log=lambda m: None)["changed"]}
