@@ -12,8 +12,13 @@ here from the run's events: the flipped outcomes (the hash of each prompt's and 
 text), the steps whose batches hold one, and every version from the first of those steps on.
 ``precision`` and ``recall`` are the lowest over outcomes, steps and versions (each kind's are
 listed too); ``first_tainted_version`` is the command's, ``expected_first_tainted_version``
-the truth's. ``rescore_digest_match`` (a replay re-trained on the new scores) is not measured
-here: null, with the reason. The last line printed is one JSON object.
+the truth's. Then ``rlx replay DIR --rescore right.py --out DIR2 --json`` re-derives the run from
+just before the first outcome judged otherwise, with the right verifier (the run keeps every
+version, so the fork finds the weights it starts from), and a clean run that had ``right.py``
+from the start is run beside it: ``rescore_digest_match`` says whether the two end on the same
+final weights digest (deterministic mode promises it), ``rescore_from_version`` where the
+re-derivation started and ``rescore_steps`` how many steps it trained. The last line printed is
+one JSON object.
 """
 
 from __future__ import annotations
@@ -99,18 +104,34 @@ def main() -> None:
     (root / "buggy.py").write_text(BUGGY.replace("ONE_IN", str(args.one_in)), encoding="utf-8")
     (root / "right.py").write_text(RIGHT, encoding="utf-8")
     out = str(root / "run")
-    argv = ["run", "--out", out, "--no-progress", "--steps", str(args.steps), "--seed", str(args.seed),
-            "--data", str(root / "sums.jsonl"), "--set", f'pretrain.cache_dir="{root / "warm"}"',
-            "--set", f'verifier.reward="{root / "buggy.py"}"']
-    for o in TINY:
-        argv += ["--set", o]
+
+    def run(directory: str, reward: str) -> None:
+        argv = ["run", "--out", directory, "--no-progress", "--steps", str(args.steps), "--seed", str(args.seed),
+                "--data", str(root / "sums.jsonl"), "--set", f'pretrain.cache_dir="{root / "warm"}"',
+                "--set", f'verifier.reward="{root / reward}"', "--set", f"params.keep_newest={args.steps + 1}"]
+        for o in TINY:
+            argv += ["--set", o]
+        rlx(*argv)
+
     start = time.perf_counter()
-    rlx(*argv)
+    run(out, "buggy.py")
     run_s = time.perf_counter() - start
     start = time.perf_counter()
     taint = rlx("audit", out, "taint", "--verifier", str(root / "right.py"), "--json", ok=(0, 1))  # 1: some changed
     doc = json.loads(taint.stdout)
     taint_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    rescored = json.loads(rlx("replay", out, "--rescore", str(root / "right.py"), "--out", str(root / "rescored"),
+                              "--no-progress", "--json").stdout.strip().splitlines()[-1])
+    rescore_s = time.perf_counter() - start
+    start = time.perf_counter()
+    run(str(root / "clean"), "right.py")
+    clean_s = time.perf_counter() - start
+    with open(root / "clean" / "summary.json", encoding="utf-8") as f:
+        clean_digest = json.load(f)["final_digest"]
+    with open(root / "run" / "summary.json", encoding="utf-8") as f:
+        buggy_digest = json.load(f)["final_digest"]
 
     flipped, steps, versions, outcomes = truth(out, args.one_in)
     kinds = {
@@ -132,14 +153,19 @@ def main() -> None:
         "sampled_from_tainted": doc["sampled_from_tainted"],
         "run_s": round(run_s, 1),
         "taint_s": round(taint_s, 2),
-        "rescore_digest_match": None,
-        "rescore_digest_match_reason": "a replay re-trained on the new verifier's scores is not part of the taint "
-                                       "analysis; not measured here",
+        "rescore_digest_match": rescored["final_digest"] == clean_digest,
+        "rescore_differs_from_buggy": rescored["final_digest"] != buggy_digest,
+        "rescore_from_version": rescored["version"],
+        "rescore_from_seq": rescored["parent_seq"],
+        "rescore_steps": args.steps - rescored["version"],
+        "rescore_s": round(rescore_s, 1),
+        "clean_run_s": round(clean_s, 1),
     }
     print(f"{len(flipped)} of {outcomes} outcomes flipped by the bug; taint named {kinds['outcomes']['named']} "
           f"outcomes, {kinds['steps']['named']} steps, {kinds['versions']['named']} versions (first "
           f"{doc['first_tainted_version']}, expected {result['expected_first_tainted_version']}) in {taint_s:.1f} s; "
-          f"run directory {root}")
+          f"re-scored from version {rescored['version']} in {rescore_s:.1f} s: final digest "
+          f"{'matches' if result['rescore_digest_match'] else 'DIFFERS from'} the clean run's; run directory {root}")
     print(json.dumps(result))
 
 
