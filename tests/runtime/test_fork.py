@@ -224,3 +224,12 @@ def _changed(out, verifier) -> set[int]:
     from runtime.audit.taint import taint_run
 
     return {c["rollout_id"] for c in taint_run(out, None, verifier, log=lambda m: None)["changed"]}
+
+
+def test_rescore_and_out_go_together(tmp_path, capsys):
+    assert main(["replay", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert main(["replay", str(tmp_path), "--rescore", "builtin"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rlx: error: --rescore VERIFIER and --out DIR go together: the re-scored run is a new run "
+                   "directory"] * 2
+    assert not (tmp_path / "x").exists()
