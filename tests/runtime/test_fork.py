@@ -233,3 +233,24 @@ def test_rescore_and_out_go_together(tmp_path, capsys):
     assert err == ["rlx: error: --rescore VERIFIER and --out DIR go together: the re-scored run is a new run "
                    "directory"] * 2
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_fork_of_a_run_on_a_postgresql_ledger(parent, pg_url, tmp_path):
+    import shutil
+
+    from runtime.rundir import write_run_pointer
+
+    root, out = parent
+    with open_store(pg_url, create=True) as store:
+        store.create_run("run")
+        store.append("run", [s.event for s in _stored(out)], expected_seq=0, epoch=store.acquire_epoch("run"))
+    moved = tmp_path / "pg_run"
+    os.makedirs(moved)
+    write_run_pointer(moved, pg_url, "run")
+    shutil.copytree(os.path.join(out, "params"), moved / "params")
+    fork = tmp_path / "fork"
+    assert main(["fork", str(moved), "--at", "2", "--out", str(fork), "--no-progress"]) == 0
+    assert _summary(fork)["final_digest"] == _summary(out)["final_digest"]
+    assert main(["ledger", "verify", str(fork)]) == 0
