@@ -26,6 +26,7 @@ model, batch shape and scheduling stay the parent's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping
@@ -87,8 +88,6 @@ def fork_config(parent: Mapping[str, Any], overrides: Iterable[str], *, requeste
     config = Config.from_dict(data)  # an unknown section or field, or a bad value, is named here
     reward = config.verifier.reward
     if reward != parent["verifier"].get("reward"):  # a new reward file: its digest is the fork's
-        import dataclasses
-
         digest = None if reward is None else load_reward(reward, None).digest
         config = dataclasses.replace(config, verifier=dataclasses.replace(config.verifier, reward_digest=digest))
     config = config.resolved()
@@ -102,8 +101,6 @@ def fork_config(parent: Mapping[str, Any], overrides: Iterable[str], *, requeste
     if config.run.steps < max(requested, 1):
         raise UsageError(f"--set run.steps={config.run.steps}: the parent had already requested batch {requested} "
                          f"at the fork point, so run.steps must be at least {max(requested, 1)}")
-    import dataclasses
-
     config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **dict.fromkeys(fields))
                                             for section, fields in OWN.items()})
     return config, changes
@@ -170,7 +167,7 @@ def fork_run(parent: str, out: str, *, at: int | None = None, cut: int | None = 
         report = store.verify(run_id)
         if not report.ok and (report.first_bad_seq or 0) <= cut + 1:
             raise UsageError(f"run {run_id!r} of {parent} is corrupt at seq {report.first_bad_seq}: {report.reason}")
-        start = snapshot.fold_prefix(store, run_id, cut)
+        start, snap = snapshot.fold_to(store, run_id, cut, warn=log)  # from the newest snapshot before the cut
         state = start.state
         parent_config = logged.config_at(cut + 1)
         config, changes = fork_config(parent_config, overrides, requested=state.requested, values=values)
@@ -200,7 +197,7 @@ def fork_run(parent: str, out: str, *, at: int | None = None, cut: int | None = 
         made = not os.path.exists(out)
         try:
             os.makedirs(out, exist_ok=True)
-            _write(store, run_id, target, start, forked, pstore, sorted(state.versions.keys()), config, log)
+            _write(store, run_id, target, start, snap, forked, pstore, sorted(state.versions.keys()), config)
         except BaseException:
             _remove(out, made)
             raise
@@ -210,9 +207,10 @@ def fork_run(parent: str, out: str, *, at: int | None = None, cut: int | None = 
             "changes": changes}
 
 
-def _write(store, run_id: str, target, start, forked: ev.RunForked, pstore, versions: list[int], config, log: Log):
+def _write(store, run_id: str, target, start, snap, forked: ev.RunForked, pstore, versions: list[int], config):
     """The fork's ledger (the parent's records up to ``start.seq``, then ``forked`` and its
-    decisions) and parameter store (``versions`` shared with ``pstore``)."""
+    decisions; ``snap``, the parent's snapshot the fold started from, so that the fork's resume
+    starts there too) and parameter store (``versions`` shared with ``pstore``)."""
     from ledger import open_store
     from runtime.controller import ControllerLoop
     from runtime.params import ParamStore
@@ -236,6 +234,8 @@ def _write(store, run_id: str, target, start, forked: ev.RunForked, pstore, vers
         copied = fork.head(run_id)
         if copied.seq != start.seq or copied.digest != start.digest:
             raise UsageError(f"copying run {run_id!r} up to seq {start.seq} gave another chain head; nothing forked")
+        if snap is not None:
+            fork.put_snapshot(dataclasses.replace(snap, run_id=run_id))
         ControllerLoop.continue_with(fork, run_id, start, [forked])
 
 

@@ -314,6 +314,27 @@ def fold_prefix(store: EventStore, run_id: str, seq: int) -> Recovered:
     return out
 
 
+def fold_to(store: EventStore, run_id: str, seq: int, warn: Warn | None = None) -> tuple[Recovered, StoredSnapshot | None]:
+    """The fold of seq 1..``seq`` from the newest usable snapshot at or before ``seq`` (or from
+    seq 1), without decision checks, and that snapshot (None if none): where a fork
+    (``runtime.fork``) cuts a log, which its own resume can start from too."""
+    for snap in store.snapshots(run_id):
+        if snap.seq > seq:
+            continue
+        try:
+            begin = check(store, run_id, snap)
+        except SnapshotUnreadable as e:
+            if warn is not None:
+                warn(f"warning: ignoring the snapshot of run {run_id!r} at seq {snap.seq}: {e}")
+            continue
+        out = Recovered(begin.seq, begin.digest, begin.state, begin.cache, begin.snapshot_seq, begin.folded,
+                        begin.snapshot_digest)
+        if seq > begin.seq:
+            out.state = replay(_upto(_verified(store, run_id, begin, out), seq), state=begin.state, check=False)
+        return out, snap
+    return fold_prefix(store, run_id, seq), None
+
+
 def _upto(items: Iterator[StoredEvent], seq: int) -> Iterator[StoredEvent]:
     for item in items:
         yield item

@@ -29,7 +29,7 @@ def _run(root, out, reward: str) -> str:
     argv = ["run", "--out", str(out), "--no-progress", "--steps", str(STEPS), "--data", str(root / "sums.jsonl"),
             "--set", f'pretrain.cache_dir="{root / "warm"}"', "--set", "sampling.max_tokens=4",
             "--set", f'verifier.reward="{root / reward}"', "--set", 'workers.mode="threads"',
-            "--set", "params.keep_newest=10", "--set", "eval.every_steps=0"]
+            "--set", "params.keep_newest=10", "--set", "eval.every_steps=0", "--set", "ledger.snapshot_every=40"]
     for o in small_run.TINY:
         argv += ["--set", o]
     assert main(argv) == 0
@@ -95,6 +95,9 @@ def test_a_fork_with_nothing_changed_ends_on_the_parents_weights(parent, tmp_pat
     assert forked.event.changes == {} and forked.event.version == 2 and forked.event.parent == out
     steps = [s.event.step for s in mine[forked.seq:] if isinstance(s.event, ev.TrainStepCompleted)]
     assert steps == [3, 4]  # trained again in the fork, not copied
+    started = [s.event for s in mine[forked.seq:] if isinstance(s.event, ev.ControllerStarted)]
+    taken = [s.seq for s in theirs[:published.seq] if isinstance(s.event, ev.SnapshotTaken)]
+    assert taken and started[0].snapshot_seq == taken[-1]  # its fold began at the parent's snapshot before the cut
 
 
 @pytest.mark.slow
