@@ -144,11 +144,21 @@ def _array_difference(a: np.ndarray, b: np.ndarray, what: str, show=str) -> str 
     return f"logged {a.size} values, regenerated {b.size}"
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with every tuple a list: the ledger's codec reads a recorded list back as a tuple."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def fingerprint_diff(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The fingerprint keys whose values differ, with both values, by key. The input files
-    (``inputs``) are not the machine's: they are checked, and refused, by ``runtime.inputs.check``."""
+    """The fingerprint keys whose values differ, with both values, by key (a recorded tuple equals
+    the current list it was written from). The input files (``inputs``) are not the machine's: they
+    are checked, and refused, by ``runtime.inputs.check``."""
     return {
         key: {"recorded": recorded.get(key), "current": current.get(key)}
         for key in sorted((set(recorded) | set(current)) - {"inputs"})
-        if recorded.get(key) != current.get(key)
+        if _plain(recorded.get(key)) != _plain(current.get(key))
     }

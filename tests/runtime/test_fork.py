@@ -257,3 +257,12 @@ def test_a_fork_of_a_run_on_a_postgresql_ledger(parent, pg_url, tmp_path):
     assert main(["fork", str(moved), "--at", "2", "--out", str(fork), "--no-progress"]) == 0
     assert _summary(fork)["final_digest"] == _summary(out)["final_digest"]
     assert main(["ledger", "verify", str(fork)]) == 0
+
+
+def test_a_recorded_layout_read_back_as_tuples_is_the_same_machine():
+    from runtime.replay import fingerprint_diff
+
+    recorded = {"layout": {"trainer": (0,), "inference": ((0,),), "evaluator": ()}, "cores": 2}
+    current = {"layout": {"trainer": [0], "inference": [[0]], "evaluator": []}, "cores": 2}
+    assert fingerprint_diff(recorded, current) == {}
+    assert fingerprint_diff(recorded, {**current, "cores": 4}) == {"cores": {"recorded": 2, "current": 4}}
