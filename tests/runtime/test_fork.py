@@ -149,6 +149,17 @@ def _versions(stored) -> dict[int, str]:
 
 
 @pytest.mark.slow
+def test_a_fork_at_the_final_version_with_more_steps_trains_on(parent, tmp_path):
+    root, out = parent
+    fork = tmp_path / "longer"
+    assert main(["fork", out, "--at", str(STEPS), "--out", str(fork), "--no-progress", "--set", "run.steps=6"]) == 0
+    summary = _summary(fork)
+    assert (summary["final_version"], summary["steps"]) == (6, 6)
+    assert _versions(_stored(fork))[STEPS] == _summary(out)["final_digest"]
+    assert main(["ledger", "verify", str(fork)]) == 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "message"), [
     (["--at", "9"], "--at 9: run 'run' never published version 9 (it published 0..4)"),
     (["--at", "1", "--set", "trainer.nope=1"], "trainer field: 'nope' is not accepted; accepted: learning_rate"),
