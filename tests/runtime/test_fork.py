@@ -25,14 +25,14 @@ from tests.runtime.test_taint import BUGGY, RIGHT
 STEPS = 4
 
 
-def _run(root, out, reward: str) -> str:
+def _run(root, out, reward: str, *more: str) -> str:
     argv = ["run", "--out", str(out), "--no-progress", "--steps", str(STEPS), "--data", str(root / "sums.jsonl"),
             "--set", f'pretrain.cache_dir="{root / "warm"}"', "--set", "sampling.max_tokens=4",
             "--set", f'verifier.reward="{root / reward}"', "--set", 'workers.mode="threads"',
             "--set", "params.keep_newest=10", "--set", "eval.every_steps=0", "--set", "ledger.snapshot_every=40"]
     for o in small_run.TINY:
         argv += ["--set", o]
-    assert main(argv) == 0
+    assert main([*argv, *more]) == 0
     return str(out)
 
 
@@ -277,3 +277,15 @@ def test_a_recorded_layout_read_back_as_tuples_is_the_same_machine():
     current = {"layout": {"trainer": [0], "inference": [[0]], "evaluator": []}, "cores": 2}
     assert fingerprint_diff(recorded, current) == {}
     assert fingerprint_diff(recorded, {**current, "cores": 4}) == {"cores": {"recorded": 2, "current": 4}}
+
+
+@pytest.mark.slow
+def test_a_fork_of_a_freshest_mode_run_replays_and_passes_the_audit(parent, tmp_path, capsys):
+    root, _ = parent
+    out = _run(root, tmp_path / "freshest", "right.py", "--set", 'scheduling.mode="freshest"')
+    fork = str(tmp_path / "fork")
+    assert main(["fork", out, "--at", "2", "--out", fork, "--no-progress", "--set", "trainer.learning_rate=3e-3"]) == 0
+    assert _summary(fork)["final_version"] == STEPS
+    capsys.readouterr()
+    assert main(["replay", fork, "--json"]) == 0 and json.loads(capsys.readouterr().out)["match"]
+    assert main(["audit", fork, "check"]) == 0 and main(["ledger", "verify", fork]) == 0
