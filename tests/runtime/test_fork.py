@@ -114,6 +114,13 @@ def test_a_fork_with_another_learning_rate_verifies_replays_and_passes_the_audit
     assert parts
     digest = {v: d for v, d in _versions(mine).items()}
     assert digest[1] == _versions(theirs)[1] and digest[STEPS] != _versions(theirs)[STEPS]
+
+    def requested(stored):  # after the fork point: the groups the fork requested itself
+        return {s.event.group_id: (s.event.batch, s.event.ordinal, s.event.prompt_index, s.event.seeds)
+                for s in stored[forked.parent_seq:] if isinstance(s.event, ev.RolloutRequested)}
+
+    ours = requested(mine)
+    assert ours and {g: requested(theirs)[g] for g in ours} == ours  # common random numbers: prompts and seeds
     capsys.readouterr()
     assert main(["ledger", "verify", fork, "--json"]) == 0
     verified = json.loads(capsys.readouterr().out)
