@@ -1,0 +1,99 @@
+"""A task whose problems are answered with tools: another task's problems, with the tools' syntax
+in the prompt, scored by that task.
+
+``ToolTask(inner, rule, tools)`` keeps the inner task's problems, splits and scoring, and tells
+the model how to call each tool: in a system message under a chat template (SmolLM2-Instruct's,
+for instance), or in front of the prompt's text for a model without one (the built-in character
+model, whose alphabet is lowercase: the plain instructions are written in it).
+``tool_environment`` builds the environment of such a task for a model's codec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from runtime.episodes.calculator import Calculator
+from runtime.episodes.environment import ToolEnvironment
+from runtime.episodes.parsing import Rule, TagRule
+from runtime.episodes.tools import Tool
+from runtime.episodes.turns import turn_format
+from runtime.tasks.base import Problem, Task, TextCodec
+from runtime.tasks.gym import GymTask
+from verifiers.outcome import Outcome
+
+EXAMPLES = {"calculator": "12*7+5", "python": "print(12*7+5)"}
+
+
+def instructions(rule: Rule, tools: Sequence[str], *, chat: bool, answer_hint: str) -> str:
+    """The text that tells the model how to call ``tools`` with ``rule`` and how to answer."""
+    calls = " or ".join(rule.syntax(t, EXAMPLES.get(t, "...")) for t in tools)
+    if chat:
+        return (f"You can use tools: {', '.join(tools)}. To call one, write {calls} and stop; its result "
+                f"comes back in the next message. {answer_hint}")
+    return f"tools: {calls}\n"
+
+
+class ToolTask(Task):
+    """The problems of ``inner`` answered with ``tools`` (by name) called by ``rule``.
+
+    Args:
+      inner: the task whose problems and scoring are used.
+      rule: the tool-call rule the prompt teaches.
+      tools: the tool names the prompt lists.
+      chat: the prompt goes to a chat template (a system message) rather than a plain codec.
+      answer_hint: how the final answer is to be written (chat prompts only); default: the
+        ``<answer>`` tag for a reasoning-gym task that reads it, else the answer alone.
+    """
+
+    def __init__(self, inner: Task, rule: Rule, tools: Sequence[str], *, chat: bool, answer_hint: str | None = None):
+        self.inner, self.rule, self.tools, self.chat = inner, rule, tuple(tools), chat
+        self.name = f"tools:{inner.name}"
+        self.max_tokens = max(inner.max_tokens, 64)
+        if answer_hint is None:
+            tagged = isinstance(inner, GymTask) and inner.answer_rule == "tag"
+            answer_hint = ("When you know the answer, write it as <answer>...</answer>." if tagged
+                           else "When you know the answer, write only the answer.")
+        self.text = instructions(rule, self.tools, chat=chat, answer_hint=answer_hint)
+
+    @property
+    def train_size(self) -> int:
+        return self.inner.train_size
+
+    @property
+    def eval_size(self) -> int:
+        return self.inner.eval_size
+
+    def max_prompt_chars(self) -> int:
+        return self.inner.max_prompt_chars() + len(self.text)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "inner": self.inner.describe(), "rule": self.rule.describe(), "tools": list(self.tools),
+                "chat": self.chat, "instructions": self.text}
+
+    def problem(self, split: str, index: int) -> Problem:
+        p = self.inner.problem(split, index)
+        if not self.chat:
+            return dataclasses.replace(p, prompt=self.text + p.prompt)
+        messages = list(p.messages or (("user", p.prompt),))
+        if messages[0][0] == "system":
+            messages[0] = ("system", messages[0][1] + "\n\n" + self.text)
+        else:
+            messages.insert(0, ("system", self.text))
+        return dataclasses.replace(p, messages=tuple(messages))
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Outcome]:
+        return self.inner.score(problems, completions)
+
+    def reward(self, outcome: Outcome) -> float:
+        return self.inner.reward(outcome)
+
+
+def tool_environment(inner: Task, codec: TextCodec, tools: Mapping[str, Tool] | None = None, *,
+                     rule: Rule | None = None, max_calls: int = 4) -> ToolEnvironment:
+    """The environment of ``inner``'s problems with ``tools`` (default: a calculator) for a model
+    whose text is ``codec``: chat turns under its template, plain turns without one."""
+    chosen: dict[str, Tool] = dict(tools) if tools is not None else {"calculator": Calculator()}
+    read: Rule = rule if rule is not None else TagRule()
+    task = ToolTask(inner, read, tuple(chosen), chat=codec.template is not None)
+    return ToolEnvironment(task, turn_format(codec), read, chosen, max_calls=max_calls)
