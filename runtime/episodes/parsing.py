@@ -10,7 +10,8 @@ an exception.
 - ``tag``: ``<tool>NAME: ARGUMENTS</tool>``, the first one in the action; an opening tag without
   its closing tag, or a name that is not ``[a-z_][a-z0-9_]*``, is malformed.
 - ``fence``: a fenced Markdown block ````` ```python ... ``` ````` is a call of the ``python``
-  tool with the block's code; an unclosed fence is malformed.
+  tool with the block's code; an unclosed fence is malformed. (The built-in character model's
+  alphabet has no backtick: it calls Python with ``<tool>python: CODE</tool>``.)
 """
 
 from __future__ import annotations

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import string
 
 import pytest
 
 from runtime.model.chat_template import ChatTemplate
-from runtime.model.tokenizer import EOS, char_tokenizer
+from runtime.model.tokenizer import DEFAULT_ALPHABET, EOS, char_tokenizer
 from runtime.tasks.base import TextCodec
 from verifiers.code import Sandbox
 from verifiers.errors import SandboxUnavailable
@@ -27,9 +28,9 @@ _UID_BASE = 64_000 + 100 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] 
 
 
 def chatml_codec() -> TextCodec:
-    """The built-in character tokenizer with ChatML's two markers added and ``<|im_end|>`` as the
+    """A character tokenizer (the built-in alphabet, capitals and the backtick of fenced code) with ChatML's two markers added and ``<|im_end|>`` as the
     stop id: a chat codec that needs no checkpoint."""
-    tokenizer = char_tokenizer()
+    tokenizer = char_tokenizer(DEFAULT_ALPHABET + string.ascii_uppercase + "`")
     tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     end = tokenizer.token_to_id("<|im_end|>")
     template = ChatTemplate(CHATML, {"eos_token": EOS})
