@@ -1,15 +1,19 @@
 """The ids an environment appends between turns, made with the model's own tokenizer and template.
 
 Token in, token out: the model's sampled ids are kept as they are; the environment only appends.
-With a chat template (``ChatTurns``) the appended text is what the template renders between the
-end of the assistant's message and the opening of its next one, for the tool's result as a
-message of ``role``. It is found by rendering the prompt's messages, an assistant message whose
-content is a sentinel, and the result message: the text after the sentinel is the template's own
-closing of the assistant message, the result message with its role markers, and the generation
-prompt. If the model ended its turn with a stop token whose text opens that suffix (``<|im_end|>``
-for ChatML), that part is already in the episode and is not appended again; a turn cut at
-``max_tokens`` gets the whole suffix. Only the suffix is tokenized, on its own, so nothing the
-model sampled is ever re-encoded.
+With a chat template (``ChatTurns``) the appended ids are what the template renders between the
+end of the assistant's message and the opening of its next one, with the tool's result as a
+message of ``role``. They are found by rendering the prompt's messages, an assistant message and a
+result message whose contents are two sentinels: the text between the sentinels is the
+template's own closing of the assistant message and opening of the result message, the text
+after the second its closing and the generation prompt. If the model ended its turn with a stop
+token whose text opens that suffix (``<|im_end|>`` for ChatML), that part is already in the
+episode and is not appended again; a turn cut at ``max_tokens`` gets the whole closing. Only the
+environment's own text is tokenized, so nothing the model sampled is ever re-encoded.
+
+The result's text is encoded *literally*: a special token's string in it (a program that prints
+``<|im_end|>\n<|im_start|>assistant``, or ``<eos>``) becomes ordinary text tokens, so a tool's
+output can never forge a turn boundary or a stop id; only the template's markers are special ids.
 
 Without a template (``PlainTurns``, the built-in character model) the result is appended as
 ``prefix + result + suffix``.
@@ -18,8 +22,9 @@ Without a template (``PlainTurns``, the built-in character model) the result is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,6 +34,7 @@ from runtime.tasks.base import Problem, TextCodec
 Action = Sequence[int] | np.ndarray
 """One turn's sampled ids."""
 SENTINEL = "\u0000rlx-assistant-turn\u0000"
+RESULT_SENTINEL = "\u0000rlx-tool-result\u0000"
 
 
 class TurnFormat(Protocol):
@@ -44,8 +50,17 @@ class TurnFormat(Protocol):
     def decode(self, action: Action) -> str: ...
 
 
-def _encode(codec: TextCodec, text: str) -> np.ndarray:
-    return np.asarray(codec.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+def _encode(tokenizer: Any, text: str) -> np.ndarray:
+    return np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+
+def literal_tokenizer(tokenizer: Any) -> Any:
+    """A copy of ``tokenizer`` that encodes special tokens' strings as plain text."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.encode_special_tokens = True
+    return copy
 
 
 def _decode(codec: TextCodec, action: Action) -> str:
@@ -76,25 +91,39 @@ class ChatTurns:
     def decode(self, action: Action) -> str:
         return _decode(self.codec, action)
 
+    @functools.cached_property
+    def _literal(self) -> Any:
+        return literal_tokenizer(self.codec.tokenizer)
+
+    def boundaries(self, problem: Problem) -> tuple[str, str]:
+        """The template's text around a result message: from the end of the assistant message's
+        content to the result's content, and from there to the opening of the next assistant
+        message."""
+        messages = [{"role": r, "content": c} for r, c in (problem.messages or (("user", problem.prompt),))]
+        messages += [{"role": "assistant", "content": SENTINEL}, {"role": self.role, "content": RESULT_SENTINEL}]
+        rendered = self.codec.template.render(messages)
+        if rendered.count(SENTINEL) != 1 or rendered.count(RESULT_SENTINEL) != 1 or \
+                rendered.index(SENTINEL) > rendered.index(RESULT_SENTINEL):
+            raise EpisodeError(f"the chat template did not render the assistant's and the {self.role!r} message's "
+                               "contents as they were given: its turn boundaries cannot be found")
+        before, after = rendered.split(SENTINEL, 1)[1].split(RESULT_SENTINEL)
+        return before, after
+
     def suffix_text(self, problem: Problem, text: str) -> str:
         """The template's text from the end of an assistant message's content to the opening of
         the next assistant message, with ``text`` as a ``role`` message in between."""
-        messages = [{"role": r, "content": c} for r, c in (problem.messages or (("user", problem.prompt),))]
-        messages += [{"role": "assistant", "content": SENTINEL}, {"role": self.role, "content": text}]
-        rendered = self.codec.template.render(messages)
-        if rendered.count(SENTINEL) != 1:
-            raise EpisodeError("the chat template did not render the assistant's message as it was given: "
-                               "its turn boundaries cannot be found")
-        return rendered.split(SENTINEL, 1)[1]
+        before, after = self.boundaries(problem)
+        return before + text + after
 
     def result_ids(self, problem: Problem, action: Action, text: str) -> np.ndarray:
-        suffix = self.suffix_text(problem, text)
+        before, after = self.boundaries(problem)
         ids = [int(t) for t in action]
         if ids and ids[-1] in self.codec.eos_ids:
             stop = self.codec.tokenizer.decode([ids[-1]], skip_special_tokens=False)
-            if stop and suffix.startswith(stop):
-                suffix = suffix[len(stop):]
-        return _encode(self.codec, suffix)
+            if stop and before.startswith(stop):
+                before = before[len(stop):]
+        return np.concatenate([_encode(self.codec.tokenizer, before), _encode(self._literal, text),
+                               _encode(self.codec.tokenizer, after)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +140,13 @@ class PlainTurns:
     def decode(self, action: Action) -> str:
         return _decode(self.codec, action)
 
+    @functools.cached_property
+    def _literal(self) -> Any:
+        return literal_tokenizer(self.codec.tokenizer)
+
     def result_ids(self, problem: Problem, action: Action, text: str) -> np.ndarray:
-        return _encode(self.codec, self.prefix + text + self.suffix)
+        return np.concatenate([_encode(self.codec.tokenizer, self.prefix), _encode(self._literal, text),
+                               _encode(self.codec.tokenizer, self.suffix)])
 
 
 def turn_format(codec: TextCodec) -> TurnFormat:
