@@ -16,7 +16,8 @@ template and for the built-in character model.
 What remains to wire (later work on the issue): the controller leases one episode per rollout
 (one lease for all its turns, re-issued whole after a kill); the engine continues an episode from
 its ids so far, keeping its KV pages between turns where the pool allows (``Episode.context()``
-is what it continues from; ``run_episode`` is the loop, with the engine as its policy); ledger
+is what it continues from; ``run_episode`` is the loop, and ``EnginePolicy`` already drives the
+engine from those ids, prefilling each turn again until pages are kept); ledger
 events for every turn's sampled ids and every call's result, with the rule's name and digest
 (``ToolEnvironment.describe()``) in the run's config; ``rlx replay`` driving ``replay_episode``
 (and ``--regenerate`` driving ``check_tools``); ``rlx audit rollout`` showing turns;
@@ -45,15 +46,16 @@ from runtime.episodes.replay import (
     replay_environment,
     replay_episode,
 )
+from runtime.episodes.sampling import EPISODE_TURN, EnginePolicy, turn_seed
 from runtime.episodes.task import ToolTask, instructions, tool_environment
 from runtime.episodes.tools import MAX_RESULT_BYTES, Status, Tool, ToolCall, ToolResult
 from runtime.episodes.turns import ChatTurns, PlainTurns, TurnFormat, turn_format
 
 __all__ = [
-    "CalcError", "Calculator", "ChatTurns", "Environment", "Episode", "EpisodeDivergence", "EpisodeError",
+    "CalcError", "Calculator", "EPISODE_TURN", "EnginePolicy", "ChatTurns", "Environment", "Episode", "EpisodeDivergence", "EpisodeError",
     "FenceRule", "LiveTools", "MAX_RESULT_BYTES", "Parsed", "PlainTurns", "Policy", "PythonTool", "RULES",
     "RecordedTools", "Row", "Rule", "Status", "StepKind", "StepResult", "TOOL_LIMITS", "TagRule", "Tool",
     "ToolCall", "ToolDivergence", "ToolEnvironment", "ToolResult", "ToolRunner", "ToolTask", "Turn",
     "TurnFormat", "check_tools", "instructions", "make_rule", "replay_environment", "replay_episode",
-    "rule_digest", "run_episode", "tool_environment", "turn_format",
+    "rule_digest", "run_episode", "tool_environment", "turn_format", "turn_seed",
 ]

@@ -79,7 +79,7 @@ class Calculator:
         try:
             tree = ast.parse(_LEADING_ZEROS.sub("", text), mode="eval")
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            raise CalcError(f"not an arithmetic expression: {text[:60]}") from None
+            raise CalcError("not an arithmetic expression") from None
         try:
             return self._value(tree.body)
         except RecursionError:

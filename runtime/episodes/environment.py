@@ -124,15 +124,16 @@ class ToolEnvironment:
         return StepResult(StepKind.TOOL_RESULT, ids, 0.0, False, call=call)
 
 
-Policy = Callable[[np.ndarray], tuple[Sequence[int], Sequence[float]]]
-"""The model, as far as an episode sees it: context ids in, one turn's ids and log-probs out."""
+Policy = Callable[[np.ndarray, int], tuple[Sequence[int] | np.ndarray, Sequence[float] | np.ndarray]]
+"""The model, as far as an episode sees it: the context ids and the turn's index in, that turn's
+sampled ids and their log-probs out."""
 
 
 def run_episode(env: Environment, problem: Problem, policy: Policy, *, max_turns: int = 16) -> Episode:
     """One episode of ``problem``: reset, then policy and step until done (or ``max_turns``)."""
     episode = Episode(env.reset(problem))
-    for _ in range(max_turns):
-        sampled, logprobs = policy(episode.context())
+    for turn in range(max_turns):
+        sampled, logprobs = policy(episode.context(), turn)
         result = env.step(sampled)
         episode = episode.add(Turn(np.asarray(sampled), np.asarray(logprobs), result.ids, result.call))
         if result.done:

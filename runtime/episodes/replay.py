@@ -109,6 +109,6 @@ def check_tools(episode: Episode, tools: Mapping[str, Tool]) -> list[ToolDiverge
         if call.result.status is Status.MALFORMED:
             continue
         rerun = live(call.tool, call.arguments)
-        if not call.result.same_as(rerun):
+        if call.result != rerun:
             found.append(ToolDivergence(i, call.tool, tuple(call.result.differences(rerun)), call.result, rerun))
     return found

@@ -3,8 +3,9 @@
 A ``ToolResult`` is a measurement, not a decision: the bytes the tool wrote (cut to
 ``MAX_RESULT_BYTES`` for the model, ``truncated`` says so), its exit status (None: killed by a
 limit or a signal), the wall time it took, and a ``status`` naming how it ended. Two results of
-the same call are *the same* when everything but the wall time is equal (``same_as``): that is
-what a replay compares, because time is never reproducible.
+the same call are equal when everything but the wall time is (the wall time is kept for audit but
+excluded from equality, as ``verifiers.outcome`` keeps its timings): that is what a replay and
+``check_tools`` compare, because time is never reproducible.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class ToolResult:
       output: the bytes the tool wrote (stdout then stderr for a program), at most
         ``MAX_RESULT_BYTES``.
       exit_status: the exit status (0 ok); None when it ended by a limit or a signal, or never ran.
-      wall_s: wall-clock seconds it took: a measurement, excluded from ``same_as``.
+      wall_s: wall-clock seconds it took: a measurement, excluded from equality.
       truncated: the output was longer than what is kept.
       status: how it ended.
       detail: one line saying why, when it did not end ``ok`` (the limit that cut it, the error).
@@ -46,7 +47,7 @@ class ToolResult:
 
     output: bytes
     exit_status: int | None
-    wall_s: float
+    wall_s: float = dataclasses.field(compare=False)
     truncated: bool
     status: Status
     detail: str = ""
@@ -61,10 +62,6 @@ class ToolResult:
     def refused(cls, status: Status, detail: str) -> ToolResult:
         """A call that ran no tool (malformed, unknown tool, unavailable)."""
         return cls(b"", None, 0.0, False, Status(status), detail)
-
-    def same_as(self, other: ToolResult) -> bool:
-        """Equal in everything but the wall time."""
-        return dataclasses.replace(self, wall_s=0.0) == dataclasses.replace(other, wall_s=0.0)
 
     def differences(self, other: ToolResult) -> list[str]:
         """The fields (other than the wall time) in which ``other`` differs from this result."""

@@ -21,7 +21,8 @@ class Scripted:
         self.actions = [action_ids(codec, t, stop=stop) for t in texts]
         self.contexts: list[np.ndarray] = []
 
-    def __call__(self, context: np.ndarray) -> tuple[list[int], np.ndarray]:
+    def __call__(self, context: np.ndarray, turn: int) -> tuple[list[int], np.ndarray]:
+        assert turn == len(self.contexts)
         self.contexts.append(context)
-        ids = self.actions[len(self.contexts) - 1]
+        ids = self.actions[turn]
         return ids, -np.arange(1, len(ids) + 1, dtype=np.float32) / 8

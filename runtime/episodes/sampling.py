@@ -1,0 +1,51 @@
+"""The inference engine as an episode's policy: each turn continues from the episode's ids.
+
+``EnginePolicy`` hands the engine the episode's ids so far (``Episode.context()``: the prompt, every
+sampled id and every appended id, never re-tokenized text) and returns the turn's sampled ids and
+their behaviour log-probs as the engine computed them. A turn's seed is a pure function of the
+rollout's seed and the turn's index (``turn_seed``), so a re-issued episode regenerates the same
+turns; the engine's batch invariance makes the rest of a turn independent of whatever else it
+decodes. Today each turn is prefilled again from its ids; keeping the episode's KV pages between
+turns is the engine's part of the issue, and changes no id or log-prob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from runtime import rng
+from runtime.episodes.episode import EpisodeError
+
+EPISODE_TURN = "episode.turn"
+"""Purpose of the stream of turn seeds: ``(rollout seed, turn)``."""
+
+
+def turn_seed(rollout_seed: int, turn: int) -> int:
+    """The sampling seed of turn ``turn`` (0-based) of the episode whose rollout seed is ``rollout_seed``."""
+    return rng.derive_seed(rollout_seed, EPISODE_TURN, turn)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePolicy:
+    """One episode's turns sampled by an engine.
+
+    Attributes:
+      engine: a ``runtime.inference.Engine``.
+      params: the ``SamplingParams`` of every turn (``max_tokens`` bounds one turn).
+      seed: the rollout's seed.
+    """
+
+    engine: Any
+    params: Any
+    seed: int
+
+    def __call__(self, context: np.ndarray, turn: int) -> tuple[np.ndarray, np.ndarray]:
+        longest = min(self.engine.buckets[-1], self.engine.max_seq_len - self.params.max_tokens)
+        if context.size > longest:
+            raise EpisodeError(f"turn {turn}: the episode has {context.size} ids, more than the {longest} the engine "
+                               f"can continue from with {self.params.max_tokens} new tokens")
+        (completion,) = self.engine.generate([context], self.params, [turn_seed(self.seed, turn)])
+        return completion.tokens, completion.logprobs
