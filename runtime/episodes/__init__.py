@@ -38,6 +38,7 @@ from runtime.episodes.environment import (
 from runtime.episodes.episode import Episode, EpisodeError, Row, Turn
 from runtime.episodes.parsing import RULES, FenceRule, Parsed, Rule, TagRule, make_rule, rule_digest
 from runtime.episodes.python_tool import TOOL_LIMITS, PythonTool
+from runtime.episodes.record import RECORD_VERSION, episode_from_record, episode_record
 from runtime.episodes.replay import (
     EpisodeDivergence,
     RecordedTools,
@@ -52,7 +53,8 @@ from runtime.episodes.tools import MAX_RESULT_BYTES, Status, Tool, ToolCall, Too
 from runtime.episodes.turns import ChatTurns, PlainTurns, TurnFormat, turn_format
 
 __all__ = [
-    "CalcError", "Calculator", "EPISODE_TURN", "EnginePolicy", "ChatTurns", "Environment", "Episode", "EpisodeDivergence", "EpisodeError",
+    "CalcError", "Calculator", "EPISODE_TURN", "EnginePolicy", "RECORD_VERSION", "episode_from_record",
+    "episode_record", "ChatTurns", "Environment", "Episode", "EpisodeDivergence", "EpisodeError",
     "FenceRule", "LiveTools", "MAX_RESULT_BYTES", "Parsed", "PlainTurns", "Policy", "PythonTool", "RULES",
     "RecordedTools", "Row", "Rule", "Status", "StepKind", "StepResult", "TOOL_LIMITS", "TagRule", "Tool",
     "ToolCall", "ToolDivergence", "ToolEnvironment", "ToolResult", "ToolRunner", "ToolTask", "Turn",
