@@ -85,6 +85,8 @@ class ToolEnvironment:
       tools: the tools, by name (or a ``ToolRunner`` such as a replay's record).
       max_calls: tool calls an episode may make; a call past it ends the episode with the
         action scored as the final answer.
+
+    One environment serves one live episode at a time (``reset`` starts the next one).
     """
 
     def __init__(self, task: Task, turns: TurnFormat, rule: Rule, tools: Mapping[str, Tool] | ToolRunner,
@@ -93,12 +95,16 @@ class ToolEnvironment:
             raise EpisodeError(f"max_calls={max_calls!r} must be an integer >= 0")
         self.task, self.turns, self.rule, self.max_calls = task, turns, rule, max_calls
         self.runner: ToolRunner = LiveTools(dict(tools)) if isinstance(tools, Mapping) else tools
+        self.tool_specs: dict[str, dict] = (
+            {name: tool.describe() for name, tool in sorted(tools.items())} if isinstance(tools, Mapping) else {})
         self._problem: Problem | None = None
         self._calls = 0
 
     def describe(self) -> dict:
-        """The rule (with its digest) and call bound: what a replay must read calls with."""
-        return {"rule": self.rule.describe(), "rule_digest": rule_digest(self.rule), "max_calls": self.max_calls}
+        """The rule (with its digest), the call bound and the tools' limits: what a replay must read
+        calls with, and what produced the recorded results."""
+        return {"rule": self.rule.describe(), "rule_digest": rule_digest(self.rule), "max_calls": self.max_calls,
+                "tools": self.tool_specs}
 
     def reset(self, problem: Problem) -> np.ndarray:
         self._problem, self._calls = problem, 0

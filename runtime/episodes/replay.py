@@ -51,7 +51,9 @@ class RecordedTools:
 
 def replay_environment(env: ToolEnvironment, episode: Episode) -> ToolEnvironment:
     """``env`` with its tools replaced by ``episode``'s recorded results."""
-    return ToolEnvironment(env.task, env.turns, env.rule, RecordedTools(episode.calls), max_calls=env.max_calls)
+    replay = ToolEnvironment(env.task, env.turns, env.rule, RecordedTools(episode.calls), max_calls=env.max_calls)
+    replay.tool_specs = env.tool_specs
+    return replay
 
 
 def replay_episode(env: ToolEnvironment, problem: Problem, episode: Episode) -> Episode:

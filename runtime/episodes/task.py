@@ -49,6 +49,7 @@ class ToolTask(Task):
     def __init__(self, inner: Task, rule: Rule, tools: Sequence[str], *, chat: bool, answer_hint: str | None = None):
         self.inner, self.rule, self.tools, self.chat = inner, rule, tuple(tools), chat
         self.name = f"tools:{inner.name}"
+        self.package, self.version = inner.package, inner.version
         self.max_tokens = max(inner.max_tokens, 64)
         if answer_hint is None:
             tagged = isinstance(inner, GymTask) and inner.answer_rule == "tag"

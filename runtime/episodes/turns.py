@@ -3,7 +3,9 @@
 Token in, token out: the model's sampled ids are kept as they are; the environment only appends.
 With a chat template (``ChatTurns``) the appended ids are what the template renders between the
 end of the assistant's message and the opening of its next one, with the tool's result as a
-message of ``role``. They are found by rendering the prompt's messages, an assistant message and a
+message of ``role``. The template must be append-only: the prompt it renders (with its generation
+prompt) must be the start of the conversation it renders once the turns go on, which is checked.
+The boundaries are found by rendering the prompt's messages, an assistant message and a
 result message whose contents are two sentinels: the text between the sentinels is the
 template's own closing of the assistant message and opening of the result message, the text
 after the second its closing and the generation prompt. If the model ended its turn with a stop
@@ -106,6 +108,9 @@ class ChatTurns:
                 rendered.index(SENTINEL) > rendered.index(RESULT_SENTINEL):
             raise EpisodeError(f"the chat template did not render the assistant's and the {self.role!r} message's "
                                "contents as they were given: its turn boundaries cannot be found")
+        if rendered.index(SENTINEL) != len(prompt := self.codec.prompt_text(problem)) or not rendered.startswith(prompt):
+            raise EpisodeError("the chat template renders the prompt differently once the conversation goes on (it "
+                               "is not append-only), so an episode's ids would not be its conversation's")
         before, after = rendered.split(SENTINEL, 1)[1].split(RESULT_SENTINEL)
         return before, after
 

@@ -19,10 +19,12 @@ from runtime.episodes import (
     PythonTool,
     Status,
     StepKind,
+    TagRule,
     ToolEnvironment,
     ToolResult,
     Turn,
     check_tools,
+    replay_environment,
     replay_episode,
     run_episode,
     tool_environment,
@@ -110,6 +112,15 @@ def test_malformed_and_unknown_calls_are_recorded_and_the_episode_goes_on(codec)
 def test_the_call_limit_ends_the_episode(codec):
     env, episode = _play(codec, ["<tool>calculator: 1</tool>"] * 3, max_calls=2)
     assert len(episode.calls) == 2 and len(episode.turns) == 3 and episode.reward == 0.0
+
+
+def test_describe_names_the_rule_and_the_tools_limits(plain_codec, sandbox):
+    env = _env(plain_codec, tools={"calculator": Calculator(max_digits=9), "python": PythonTool(sandbox)})
+    described = env.describe()
+    assert described["rule"]["rule"] == "tag" and described["rule_digest"] == TagRule().digest
+    assert described["tools"]["calculator"]["max_digits"] == 9
+    assert described["tools"]["python"]["limits"]["wall_s"] == 5.0
+    assert replay_environment(env, Episode([1])).describe() == described
 
 
 def test_step_before_reset_is_an_error(plain_codec):

@@ -12,6 +12,7 @@ from runtime.episodes import ChatTurns, EpisodeError, PlainTurns, TagRule, run_e
 from runtime.model.chat_template import ChatTemplate
 from runtime.tasks import Arithmetic
 from runtime.tasks.base import Problem
+from tests.runtime.episodes.conftest import CHATML
 from tests.runtime.episodes.scripted import Scripted, action_ids
 
 PROBLEM = Problem("what is 12*7?", answer="84")
@@ -43,6 +44,9 @@ def test_a_template_that_rewrites_the_assistant_message_is_refused(chat_codec):
     mangling = ChatTemplate("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
     with pytest.raises(EpisodeError, match="turn boundaries cannot be found"):
         ChatTurns(dataclasses.replace(chat_codec, template=mangling)).result_ids(PROBLEM, [], "84")
+    counting = ChatTemplate("{{ messages|length }}" + CHATML)  # the first line counts the messages
+    with pytest.raises(EpisodeError, match="not append-only"):
+        ChatTurns(dataclasses.replace(chat_codec, template=counting)).result_ids(PROBLEM, [], "84")
     with pytest.raises(EpisodeError, match="needs a codec with a chat template"):
         ChatTurns(dataclasses.replace(chat_codec, template=None))
 
