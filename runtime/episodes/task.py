@@ -18,7 +18,8 @@ from runtime.episodes.environment import ToolEnvironment
 from runtime.episodes.parsing import Rule, TagRule
 from runtime.episodes.tools import Tool
 from runtime.episodes.turns import turn_format
-from runtime.tasks.base import Problem, Task, TextCodec
+from runtime.errors import UsageError
+from runtime.tasks.base import Problem, Task, TextCodec, scan_prompt_tokens
 from runtime.tasks.gym import GymTask
 from verifiers.outcome import Outcome
 
@@ -67,6 +68,20 @@ class ToolTask(Task):
 
     def max_prompt_chars(self) -> int:
         return self.inner.max_prompt_chars() + len(self.text)
+
+    def max_prompt_tokens(self, codec: TextCodec, *, limit: int, why: str) -> int:
+        """As ``Task.max_prompt_tokens`` for the prompts with the instructions, after the inner
+        task's own checks (a reasoning-gym system message needs a template, a character
+        tokenizer must have the questions' characters) and a check that a character tokenizer
+        has every character of the instructions."""
+        self.inner.max_prompt_tokens(codec, limit=limit, why=why)
+        if codec.char_level:
+            unknown = "".join(sorted({c for c in self.text if codec.tokenizer.token_to_id(c) is None}))
+            if unknown:
+                raise UsageError(f"task {self.name!r}: the tool instructions use characters the model's tokenizer "
+                                 f"does not have ({unknown!r}); use the tag rule (<tool>NAME: ...</tool>)")
+            return self.max_prompt_chars() + (codec.bos_id is not None)
+        return scan_prompt_tokens(self, codec, limit=limit, why=why)
 
     def describe(self) -> dict:
         return {"name": self.name, "inner": self.inner.describe(), "rule": self.rule.describe(), "tools": list(self.tools),

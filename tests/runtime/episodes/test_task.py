@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.episodes import TagRule, ToolTask, replay_episode, run_episode, tool_environment
+from runtime.episodes import FenceRule, TagRule, ToolTask, replay_episode, run_episode, tool_environment
+from runtime.errors import UsageError
 from runtime.tasks import Arithmetic, make_task
 from tests.runtime.episodes.scripted import Scripted
 
@@ -73,3 +74,18 @@ def test_a_sums_episode_with_the_character_model(plain_codec):
     episode = run_episode(env, env.task.problem("eval", 3),
                           Scripted(plain_codec, [f"<tool>calculator: {p.prompt.rstrip('=')}</tool>", str(p.answer)]))
     assert episode.calls[0].result.output == str(p.answer).encode() and episode.reward == 1.0
+
+
+def test_prompt_lengths_include_the_instructions_and_their_characters_are_checked(plain_codec, smollm2_codec, gym_sums):
+    task = ToolTask(Arithmetic(digits=2, eval_size=10), TagRule(), ("calculator",), chat=False)
+    longest = task.max_prompt_tokens(plain_codec, limit=512, why="test")
+    assert longest == len(task.text) + 6 + 1  # instructions, "12+35=", <bos>
+    fenced = ToolTask(Arithmetic(digits=2, eval_size=10), FenceRule(), ("python",), chat=False)
+    with pytest.raises(UsageError, match="does not have \\('`'\\); use the tag rule"):
+        fenced.max_prompt_tokens(plain_codec, limit=512, why="test")
+    chat = ToolTask(gym_sums, TagRule(), ("calculator",), chat=True)
+    encoded = max(smollm2_codec.encode_prompt(chat.problem(split, i)).size
+                  for split, size in (("train", 50), ("eval", 5)) for i in range(size))
+    assert chat.max_prompt_tokens(smollm2_codec, limit=4096, why="test") == encoded
+    with pytest.raises(UsageError, match="more than the 20 a prompt may have"):
+        chat.max_prompt_tokens(smollm2_codec, limit=20, why="test")
