@@ -4,24 +4,29 @@ An *episode* is one rollout over several turns. The environment (``environment``
 observation's ids (``reset``); each turn the model samples ids, and ``step`` reads a tool call from
 their decoded text with a named, digested rule (``parsing``), runs the tool (``calculator``,
 ``python_tool`` in the code verifier's sandbox, under its limits) and returns the ids to append: the
-tool's result wrapped in the chat template's role markers, produced with the model's own tokenizer
-(``turns``). The model's sampled ids are never re-tokenized, so the training row
-(``Episode.row()``) is exactly the concatenation of the recorded ids, with a mask that is True on
-the model's own tokens only. Every call's result (bytes, exit status, time, truncation) is
-recorded, so ``replay`` re-derives an episode with no tool run, and ``check_tools`` names a tool
-that does not give the recorded result again. ``task`` puts another task's problems behind tools
+tool's result wrapped in the chat template's own role markers, produced with the model's tokenizer
+(``turns``; the result's text is encoded literally, so it cannot forge a marker). The model's
+sampled ids are never re-tokenized, so the training row (``Episode.row()``) is exactly the
+concatenation of the recorded ids, with a mask that is True on the model's own tokens only. Every
+call's result (bytes, exit status, time, truncation) is recorded (``record``: an exact JSON-safe
+form), so ``replay`` re-derives an episode with no tool run, and ``check_tools`` names a tool that
+does not give the recorded result again. ``task`` puts another task's problems behind tools
 (reasoning-gym arithmetic or the built-in sums, with a calculator), for a checkpoint with a chat
-template and for the built-in character model.
+template and for the built-in character model. ``sampling.EnginePolicy`` drives the engine from
+an episode's ids, one seed per turn (``turn_seed``: purpose ``episode.turn`` of ``runtime.rng``'s
+derivation, to be listed there when the controller uses it).
 
 What remains to wire (later work on the issue): the controller leases one episode per rollout
-(one lease for all its turns, re-issued whole after a kill); the engine continues an episode from
-its ids so far, keeping its KV pages between turns where the pool allows (``Episode.context()``
-is what it continues from; ``run_episode`` is the loop, and ``EnginePolicy`` already drives the
-engine from those ids, prefilling each turn again until pages are kept); ledger
-events for every turn's sampled ids and every call's result, with the rule's name and digest
-(``ToolEnvironment.describe()``) in the run's config; ``rlx replay`` driving ``replay_episode``
-(and ``--regenerate`` driving ``check_tools``); ``rlx audit rollout`` showing turns;
-``scripts/bench_multiturn.py``.
+(one lease for all its turns, re-issued whole after a kill, regenerating the same turns from the
+same seeds); the engine keeps an episode's KV pages between turns where the pool allows
+(``EnginePolicy`` prefills each turn again from ``Episode.context()`` until then; the ids and
+log-probs do not change); ledger events for every turn's sampled ids and every call's result, with
+``ToolEnvironment.describe()`` (rule name and digest, tools' limits) in the run's config; the
+trainer taking ``Row`` (ids, mask, behaviour log-probs) as a multi-turn row; ``rlx replay``
+driving ``replay_episode`` (and ``--regenerate`` driving ``check_tools``); ``rlx audit rollout``
+showing turns; ``scripts/bench_multiturn.py``. SmolLM2-135M-Instruct, asked greedily or sampled
+with these prompts, wrote no tool call in 12 tries (basic_arithmetic): RL on the tool task wants
+a supervised warm start on tool-use demonstrations (or a forced ``<tool>`` prefix) first.
 """
 
 from runtime.episodes.calculator import CalcError, Calculator
