@@ -27,24 +27,11 @@ def cmd_fork(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from runtime import compile_cache
+    from runtime.commands.run import run_fork
     from runtime.fork import fork_run
 
     console = Console()
     fork_run(args.parent, args.out, at=args.at, overrides=args.overrides, run_id=args.run_id,
              log=lambda m: console.print(m, highlight=False))
-    return _continue(args.out, args.no_run, args.no_progress, console, compile_cache)
+    return run_fork(args.out, args.no_run, args.no_progress, console, compile_cache)
 
-
-def _continue(out: str, no_run: bool, no_progress: bool, console, compile_cache) -> int:
-    """Run the fork just created in ``out`` to its end (unless ``no_run``), as ``rlx resume`` would."""
-    from runtime.commands.run import _print_summary
-    from runtime.run import resume
-
-    if no_run:
-        console.print(f"`rlx resume {out}` runs it")
-        return 0
-    compile_cache.enable()
-    summary = resume(out, progress=not no_progress, log=lambda m: console.print(m, highlight=False))
-    if summary is not None:
-        _print_summary(console, summary, out)
-    return 0

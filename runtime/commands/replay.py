@@ -86,7 +86,7 @@ def _rescore(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from runtime import compile_cache
-    from runtime.commands.fork import _continue
+    from runtime.commands.run import run_fork
     from runtime.fork import rescore
 
     console = Console(stderr=args.json)
@@ -94,7 +94,7 @@ def _rescore(args: argparse.Namespace) -> int:
                    log=lambda m: console.print(m, highlight=False))
     if made is None:
         return 0
-    status = _continue(args.out, False, args.no_progress, console, compile_cache)
+    status = run_fork(args.out, False, args.no_progress, console, compile_cache)
     if args.json:
         import json as _json
         import os

@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = default_out(args.config)
         console.print(f"run directory: {out} (--out names another)")
     summary = run(config, out, progress=not args.no_progress, log=lambda m: console.print(m))
-    _print_summary(console, summary, out)
+    print_summary(console, summary, out)
     return 0
 
 
@@ -153,11 +153,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     console = Console()
     summary = resume(args.out, run_id=args.run_id, progress=not args.no_progress, log=lambda m: console.print(m))
     if summary is not None:
-        _print_summary(console, summary, args.out)
+        print_summary(console, summary, args.out)
     return 0
 
 
-def _print_summary(console, summary: dict, out: str) -> None:
+def print_summary(console, summary: dict, out: str) -> None:
     from rich.table import Table
 
     from runtime.rundir import RunDir
@@ -190,3 +190,17 @@ def _speed(summary: dict) -> str:
     if here != summary["steps"]:
         speed += f" (the {here} steps since the resume, in {summary['rl_seconds']:.0f} s)"
     return speed
+
+
+def run_fork(out: str, no_run: bool, no_progress: bool, console, compile_cache) -> int:
+    """Run the fork just created in ``out`` to its end (unless ``no_run``), as ``rlx resume`` would."""
+    from runtime.run import resume
+
+    if no_run:
+        console.print(f"`rlx resume {out}` runs it")
+        return 0
+    compile_cache.enable()
+    summary = resume(out, progress=not no_progress, log=lambda m: console.print(m, highlight=False))
+    if summary is not None:
+        print_summary(console, summary, out)
+    return 0
