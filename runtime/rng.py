@@ -27,6 +27,8 @@ Purposes used by the run:
   (``runtime.tasks.gym``).
 - :data:`EVAL_SAMPLE` (version, problem, sample): the sampling seed of one held-out evaluation
   completion (``runtime.evaluation``).
+- :data:`EPISODE_TURN` (turn), seeded with the rollout's seed: the sampling seed of one turn of a
+  multi-turn episode (``runtime.episodes``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ CODE_PROBLEM = "codefn.problem"
 GYM_EVAL = "gym.eval"
 GYM_TRAIN = "gym.train"
 EVAL_SAMPLE = "eval.sample"
+EPISODE_TURN = "episode.turn"
 
 SEED_BITS = 63
 _SEED_MASK = (1 << SEED_BITS) - 1

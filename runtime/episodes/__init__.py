@@ -52,13 +52,13 @@ from runtime.episodes.replay import (
     replay_environment,
     replay_episode,
 )
-from runtime.episodes.sampling import EPISODE_TURN, EnginePolicy, turn_seed
+from runtime.episodes.sampling import EnginePolicy, turn_seed
 from runtime.episodes.task import ToolTask, instructions, tool_environment
 from runtime.episodes.tools import MAX_RESULT_BYTES, Status, Tool, ToolCall, ToolResult
 from runtime.episodes.turns import ChatTurns, PlainTurns, TurnFormat, turn_format
 
 __all__ = [
-    "CalcError", "Calculator", "EPISODE_TURN", "EnginePolicy", "RECORD_VERSION", "episode_from_record",
+    "CalcError", "Calculator", "EnginePolicy", "RECORD_VERSION", "episode_from_record",
     "episode_record", "ChatTurns", "Environment", "Episode", "EpisodeDivergence", "EpisodeError",
     "FenceRule", "LiveTools", "MAX_RESULT_BYTES", "Parsed", "PlainTurns", "Policy", "PythonTool", "RULES",
     "RecordedTools", "Row", "Rule", "Status", "StepKind", "StepResult", "TOOL_LIMITS", "TagRule", "Tool",

@@ -19,13 +19,10 @@ import numpy as np
 from runtime import rng
 from runtime.episodes.episode import EpisodeError
 
-EPISODE_TURN = "episode.turn"
-"""Purpose of the stream of turn seeds: ``(rollout seed, turn)``."""
-
 
 def turn_seed(rollout_seed: int, turn: int) -> int:
     """The sampling seed of turn ``turn`` (0-based) of the episode whose rollout seed is ``rollout_seed``."""
-    return rng.derive_seed(rollout_seed, EPISODE_TURN, turn)
+    return rng.derive_seed(rollout_seed, rng.EPISODE_TURN, turn)
 
 
 @dataclasses.dataclass(frozen=True)
