@@ -95,38 +95,47 @@ def rlx_argv(steps: int, seed: int, out: str, overrides: Sequence[str]) -> list[
     return argv
 
 
-def run_one(argv: list[str], out: str, log: Callable[[str], None]) -> dict:
+def run_one(argv: list[str], out: str, log: Callable[[str], None], *, home: str | None = None) -> dict:
     """Run ``rlx`` with ``argv`` into ``out`` (reusing a finished run of the same argv there);
-    return its summary.json with the run's argv under ``"argv"``."""
-    record = os.path.join(out, "argv.json")
+    return its summary.json with the run's argv under ``"argv"`` and the command's wall time
+    under ``"command_seconds"`` (the process from start to exit, its start-up and compile
+    included). The command's record and log go into ``home`` (default ``out``; a directory above
+    ``out`` for a command that wants ``out`` empty or absent, as ``rlx fork`` does)."""
+    home = home or out
+    record = os.path.join(home, "argv.json")
     summary_path = os.path.join(out, "summary.json")
     if os.path.isfile(summary_path) and os.path.isfile(record):
         with open(record, encoding="utf-8") as f:
-            if json.load(f) == argv:
-                log(f"reusing {out}")
-                return _read_summary(summary_path, argv)
-    shutil.rmtree(out, ignore_errors=True)  # rlx refuses a ledger that already holds the run
-    os.makedirs(out)
+            kept = json.load(f)
+        if isinstance(kept, list):  # a record written before the wall time was kept
+            kept = {"argv": kept}
+        if kept.get("argv") == argv:
+            log(f"reusing {out}")
+            return _read_summary(summary_path, argv, kept.get("seconds", float("nan")))
+    shutil.rmtree(home, ignore_errors=True)  # rlx refuses a ledger that already holds the run
+    os.makedirs(home)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log("rlx " + shlex.join(argv))
     started = time.monotonic()
-    with open(os.path.join(out, "rlx.log"), "w", encoding="utf-8") as f:
+    with open(os.path.join(home, "rlx.log"), "w", encoding="utf-8") as f:
         proc = subprocess.run([sys.executable, "-m", "runtime.cli", *argv], cwd=ROOT, env=env, stdout=f,
                               stderr=subprocess.STDOUT, check=False)
+    seconds = time.monotonic() - started
     if proc.returncode != 0:
-        with open(os.path.join(out, "rlx.log"), encoding="utf-8") as f:
+        with open(os.path.join(home, "rlx.log"), encoding="utf-8") as f:
             tail = f.read()[-2000:]
-        raise SystemExit(f"rlx run failed (exit {proc.returncode}): rlx {shlex.join(argv)}\n{tail}")
-    log(f"  done in {time.monotonic() - started:.0f} s")
+        raise SystemExit(f"rlx failed (exit {proc.returncode}): rlx {shlex.join(argv)}\n{tail}")
+    log(f"  done in {seconds:.0f} s")
     with open(record, "w", encoding="utf-8") as f:
-        json.dump(argv, f)
-    return _read_summary(summary_path, argv)
+        json.dump({"argv": argv, "seconds": seconds}, f)
+    return _read_summary(summary_path, argv, seconds)
 
 
-def _read_summary(path: str, argv: list[str]) -> dict:
+def _read_summary(path: str, argv: list[str], seconds: float) -> dict:
     with open(path, encoding="utf-8") as f:
         summary = json.load(f)
     summary["argv"] = argv
+    summary["command_seconds"] = seconds
     return summary
 
 
@@ -292,5 +301,6 @@ def finish(figure_path: str, table_path: str, results: dict[str, dict]) -> None:
     print(json.dumps({"figure": figure_path, "table": table_path, "results": clean}, sort_keys=True))
 
 
-__all__ = ["DEFAULT_OUT", "ROOT", "TABLE_NOTE", "Study", "check_args", "eval_curve", "figure", "finish", "learning", "mean",
-           "metric", "metric_curve", "parser", "plot_pass_rate", "publish", "run_study", "save"]
+__all__ = ["DEFAULT_OUT", "ROOT", "TABLE_NOTE", "Study", "base_overrides", "check_args", "eval_curve", "figure", "finish",
+           "learning", "mean", "metric", "metric_curve", "parser", "plot_pass_rate", "publish", "rlx_argv", "run_one",
+           "run_study", "save"]
