@@ -123,20 +123,19 @@ def run_arms(args, at: int, settings: Sequence[common.Study]) -> dict:
     got: dict = {"parent": [], "fork": {}, "independent": {}}
     try:
         root = os.path.join(runs_dir, "forks")
-        for seed in args.seeds:
-            out = os.path.join(root, f"parent-seed{seed}")
-            got["parent"].append(common.run_one(common.rlx_argv(args.steps, seed, out, [*base, keep]), out, log))
-        for j, s in enumerate(settings, start=1):
+        for s in settings:
             got["fork"][s.label], got["independent"][s.label] = [], []
-            for seed in args.seeds:
+        # Seed by seed, so that a change in the machine's load falls on both arms alike.
+        for seed in args.seeds:
+            parent = os.path.join(root, f"parent-seed{seed}")
+            got["parent"].append(common.run_one(common.rlx_argv(args.steps, seed, parent, [*base, keep]), parent, log))
+            for j, s in enumerate(settings, start=1):
                 home = os.path.join(root, f"{s.label}-fork-seed{seed}")
                 out = os.path.join(home, "run")
-                argv = ["fork", os.path.join(root, f"parent-seed{seed}"), "--at", str(at), "--out", out,
-                        "--no-progress"]
+                argv = ["fork", parent, "--at", str(at), "--out", out, "--no-progress"]
                 for o in s.overrides:
                     argv += ["--set", o]
                 got["fork"][s.label].append(common.run_one(argv, out, log, home=home))
-            for seed in args.seeds:
                 other = seed + INDEPENDENT_SEED_STRIDE * j
                 out = os.path.join(root, f"{s.label}-seed{other}")
                 argv = common.rlx_argv(args.steps, other, out, [*base, *s.overrides])
