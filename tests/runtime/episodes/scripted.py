@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from runtime.episodes import ToolResult
 from runtime.tasks.base import TextCodec
 
 
@@ -26,3 +27,15 @@ class Scripted:
         self.contexts.append(context)
         ids = self.actions[turn]
         return ids, -np.arange(1, len(ids) + 1, dtype=np.float32) / 8
+
+
+class NoTool:
+    """Stands in for a tool that is unavailable: running it fails the test."""
+
+    name = "calculator"
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+    def run(self, arguments: str) -> ToolResult:
+        raise AssertionError("a replay ran a tool")

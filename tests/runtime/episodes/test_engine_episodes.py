@@ -17,7 +17,6 @@ from runtime.episodes import (
     PlainTurns,
     TagRule,
     ToolEnvironment,
-    ToolResult,
     ToolTask,
     replay_episode,
     run_episode,
@@ -26,6 +25,7 @@ from runtime.episodes import (
 from runtime.inference import Engine, SamplingParams
 from runtime.model import Model, ModelConfig
 from runtime.tasks import Arithmetic
+from tests.runtime.episodes.scripted import NoTool
 
 MAX_CALLS = 3
 
@@ -40,15 +40,6 @@ class EveryActionCalls(TagRule):
     def parse(self, text: str) -> Parsed:
         return Parsed(True, "calculator", text)
 
-
-class NoTool:
-    name = "calculator"
-
-    def describe(self) -> dict:
-        return {"name": self.name}
-
-    def run(self, arguments: str) -> ToolResult:
-        raise AssertionError("a replay ran a tool")
 
 
 @pytest.fixture(scope="module")

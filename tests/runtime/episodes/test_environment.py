@@ -30,7 +30,7 @@ from runtime.episodes import (
     tool_environment,
 )
 from runtime.tasks import Arithmetic
-from tests.runtime.episodes.scripted import Scripted
+from tests.runtime.episodes.scripted import NoTool, Scripted
 from verifiers.code import Limits
 
 TASK = Arithmetic(digits=2, eval_size=10)
@@ -38,17 +38,6 @@ INDEX = 1234  # a training problem of the 2-digit sums; its answer fixes the fin
 PROBLEM = TASK.problem("train", INDEX)
 A, B = (int(x) for x in PROBLEM.prompt.rstrip("=").split("+"))
 
-
-class NoTool:
-    """Stands in for a tool that is unavailable: running it fails the test."""
-
-    name = "calculator"
-
-    def describe(self) -> dict:
-        return {"name": self.name}
-
-    def run(self, arguments: str) -> ToolResult:
-        raise AssertionError("a replay ran a tool")
 
 
 class Clock:

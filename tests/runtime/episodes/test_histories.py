@@ -17,7 +17,6 @@ from runtime.episodes import (
     FenceRule,
     TagRule,
     ToolEnvironment,
-    ToolResult,
     episode_from_record,
     episode_record,
     replay_episode,
@@ -26,22 +25,13 @@ from runtime.episodes import (
 )
 from runtime.tasks import Arithmetic
 from tests.runtime.episodes.conftest import chatml_codec
-from tests.runtime.episodes.scripted import Scripted
+from tests.runtime.episodes.scripted import NoTool, Scripted
 
 HERE = pathlib.Path(__file__).parent / "histories"
 TASK = Arithmetic(digits=2, eval_size=10)
 INDEX = 1234  # 12+35=
 TEXTS = ["<tool>calculator: 12+35</tool>", "<tool>calculator 1</tool>", "<tool>calculator: 10**999</tool>", "47"]
 
-
-class NoTool:
-    name = "calculator"
-
-    def describe(self) -> dict:
-        return {"name": self.name}
-
-    def run(self, arguments: str) -> ToolResult:
-        raise AssertionError("a replay ran a tool")
 
 
 def _codec(which: str):
