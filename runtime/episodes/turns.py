@@ -70,8 +70,25 @@ def _decode(codec: TextCodec, action: Action) -> str:
     return codec.decode(action)
 
 
+class _CodecTurns:
+    """What both kinds of turns read from their ``codec``: the prompt's ids, an action's text,
+    and the tokenizer that encodes a tool result literally."""
+
+    codec: TextCodec
+
+    def prompt_ids(self, problem: Problem) -> np.ndarray:
+        return self.codec.encode_prompt(problem)
+
+    def decode(self, action: Action) -> str:
+        return _decode(self.codec, action)
+
+    @functools.cached_property
+    def _literal(self) -> Any:
+        return literal_tokenizer(self.codec.tokenizer)
+
+
 @dataclasses.dataclass(frozen=True)
-class ChatTurns:
+class ChatTurns(_CodecTurns):
     """Turn boundaries rendered by the checkpoint's chat template.
 
     Attributes:
@@ -86,16 +103,6 @@ class ChatTurns:
     def __post_init__(self) -> None:
         if self.codec.template is None:
             raise EpisodeError("ChatTurns needs a codec with a chat template; use PlainTurns without one")
-
-    def prompt_ids(self, problem: Problem) -> np.ndarray:
-        return self.codec.encode_prompt(problem)
-
-    def decode(self, action: Action) -> str:
-        return _decode(self.codec, action)
-
-    @functools.cached_property
-    def _literal(self) -> Any:
-        return literal_tokenizer(self.codec.tokenizer)
 
     def boundaries(self, problem: Problem) -> tuple[str, str]:
         """The template's text around a result message: from the end of the assistant message's
@@ -132,22 +139,12 @@ class ChatTurns:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlainTurns:
+class PlainTurns(_CodecTurns):
     """Turn boundaries of a model without a chat template: ``prefix + result + suffix``."""
 
     codec: TextCodec
     prefix: str = "\n<result>"
     suffix: str = "</result>\n"
-
-    def prompt_ids(self, problem: Problem) -> np.ndarray:
-        return self.codec.encode_prompt(problem)
-
-    def decode(self, action: Action) -> str:
-        return _decode(self.codec, action)
-
-    @functools.cached_property
-    def _literal(self) -> Any:
-        return literal_tokenizer(self.codec.tokenizer)
 
     def result_ids(self, problem: Problem, action: Action, text: str) -> np.ndarray:
         return np.concatenate([_encode(self.codec.tokenizer, self.prefix), _encode(self._literal, text),
