@@ -253,15 +253,16 @@ def _flip(o: ev.OutcomeRecorded) -> ev.OutcomeRecorded:
                               o.verifier_version, "flipped")
 
 
-@pytest.mark.slow
-def test_flipped_code_outcomes_are_found_by_the_code_verifier_judging_again(tmp_path):
+def code_run(tmp_path, **sections) -> str:
+    """A 3-step code-task run of 4 groups of 4 function bodies judged in the sandbox, in
+    ``tmp_path / "code"`` (``sections``: more config tables); its directory."""
     from runtime.run import run
     from runtime.tasks import CodeFunctions
 
     generated = CodeFunctions()
     data = tmp_path / "fns.jsonl"
     data.write_text("".join(json.dumps(generated.data_row(i)) + "\n" for i in range(12)), encoding="utf-8")
-    config = Config.from_dict({  # 3 steps of 4 groups of 4 function bodies, judged in the sandbox
+    config = Config.from_dict({
         "run": {"steps": 3, "seed": 0},
         "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64},
         "pretrain": {"steps": 200, "batch_size": 32, "cache_dir": str(tmp_path / "warm")},
@@ -270,23 +271,39 @@ def test_flipped_code_outcomes_are_found_by_the_code_verifier_judging_again(tmp_
         "sampling": {"group_size": 4, "max_tokens": 12},
         "scheduling": {"groups_per_batch": 4, "max_staleness": 1},
         "workers": {"inference_slots": 16, "mode": "threads"},
+        **sections,
     })
     out = str(tmp_path / "code")
     run(config, out, progress=False, log=lambda m: None)
+    return out
+
+
+def flipped_outcomes(events) -> set[int]:
+    """A fixed 2% of the run's scored rollouts: one in 50, the 26th first (one of step 2's batch)."""
+    return set(sorted(o.rollout_id for o in _of(events, ev.OutcomeRecorded))[25::50])
+
+
+def copy_events(events, url: str, flipped: set[int] = frozenset()) -> None:
+    """The run's stored events into a new ledger at ``url``, the outcomes of ``flipped`` turned round."""
+    with open_store(url, create=True) as store:
+        store.create_run("run")
+        store.append("run", [_flip(s.event) if isinstance(s.event, ev.OutcomeRecorded) and s.event.rollout_id in flipped
+                             else s.event for s in events], expected_seq=0, epoch=store.acquire_epoch("run"))
+
+
+@pytest.mark.slow
+def test_flipped_code_outcomes_are_found_by_the_code_verifier_judging_again(tmp_path):
+    out = code_run(tmp_path)
     events = _events(out)
     clean = taint_run(out, None, BUILTIN, log=lambda m: None)  # the code verifier judges as it did
     assert clean["changed"] == [] and clean["versions"] == [] and clean["first_tainted_version"] is None
     assert clean["rejudged"] == 3 * 4 * 4 and {r["verifier"] for r in clean["recorded_verifiers"]} == {"code"}
     assert clean["recorded_verifiers"] == clean["new_verifiers"]
 
-    scored = sorted(o.rollout_id for o in _of(events, ev.OutcomeRecorded))
-    bad = set(scored[25::50])  # a fixed 2%: one outcome in 50, the 26th first (one of step 2's batch)
+    bad = flipped_outcomes(events)
     edited = tmp_path / "edited"
     os.makedirs(edited)
-    with open_store(f"{edited}/ledger.db", create=True) as store:
-        store.create_run("run")
-        store.append("run", [_flip(s.event) if isinstance(s.event, ev.OutcomeRecorded) and s.event.rollout_id in bad
-                             else s.event for s in events], expected_seq=0, epoch=store.acquire_epoch("run"))
+    copy_events(events, f"{edited}/ledger.db", bad)
     doc = taint_run(str(edited), None, BUILTIN, log=lambda m: None)
     _check_exact(doc, events, bad)
     assert doc["first_tainted_version"] > 1 and doc["recorded_verifiers"] == clean["recorded_verifiers"]
