@@ -356,9 +356,17 @@ def upcast_assigned_v1_v2(body: Body) -> Body:
     return {"worker_id": body["worker_id"], "rollout_ids": (body["rollout_id"],), "attempts": (body["attempt"],)}
 
 
-@event("RolloutCompleted")
+@event("RolloutCompleted", version=2)
 class RolloutCompleted(Event):
-    """The accepted result of a request: sampled token ids and their log-probs."""
+    """The accepted result of a request: sampled token ids and their log-probs.
+
+    ``turns``: empty for one completion; for a multi-turn episode (``runtime.episodes.rollout``)
+    one record per turn — ``sampled`` and ``appended`` (how many of ``tokens`` the model sampled,
+    then the environment appended) and ``call`` (the turn's tool call: tool, arguments, result
+    bytes, exit status, wall time, truncation and status; None for the final answer). ``tokens``
+    is then every id of the episode after its prompt, and ``logprobs`` is 0 on appended ids.
+    (Schema version 1 had no ``turns``.)
+    """
 
     rollout_id: int
     worker_id: str
@@ -368,6 +376,15 @@ class RolloutCompleted(Event):
     tokens: np.ndarray
     logprobs: np.ndarray
     finish_reason: str
+    turns: tuple = ()
+
+
+@upcaster("RolloutCompleted", 1, fields=("rollout_id", "worker_id", "attempt", "policy_version", "weights_digest",
+                                         "tokens", "logprobs", "finish_reason"))
+def upcast_completed_v1_v2(body: Body) -> Body:
+    """Version 1: one completion per rollout, no turns."""
+    body["turns"] = ()
+    return body
 
 
 @event("RolloutAbandoned")

@@ -87,6 +87,10 @@ def _coerce(where: str, value: Any, hint: Any) -> Any:
         if type(value) is str:
             return value
         raise _fail(where, value, "it must be a string")
+    if hint is tuple:
+        if isinstance(value, (list, tuple)) and all(type(v) is str for v in value):
+            return tuple(value)
+        raise _fail(where, value, "it must be a list of strings")
     if typing.get_origin(hint) is dict or hint is dict:
         if isinstance(value, Mapping) and all(type(k) is str for k in value):
             return dict(value)
@@ -707,6 +711,52 @@ class VerifierConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class EpisodesConfig(Section):
+    """Multi-turn episodes with tools (``runtime.episodes``): with ``tools`` named, every rollout
+    is an episode of turns in which the model may call them (read from its tokens by ``rule``), the
+    tool's result is appended as ids, and the model goes on from the episode's ids, token in,
+    token out. ``sampling.max_tokens`` then bounds the whole episode after the prompt (the model's
+    turns and the appended results); ``turn_tokens`` bounds one turn; ``max_calls`` the calls of
+    an episode (a call past it is scored as the final answer). The task's verifier scores the
+    last turn. ``rule_digest`` is filled in with the rule's digest when the run starts, and a
+    replay or resume whose rule reads calls otherwise is refused."""
+
+    NAME = "episodes"
+    tools: tuple = ()
+    """Tools the model may call in a multi-turn episode: calculator, python (empty: one completion per rollout)."""
+    rule: str = "tag"
+    """How a tool call is read from the model's text: tag (<tool>NAME: ARGUMENTS</tool>) or fence (```python)."""
+    max_calls: int = 4
+    """Tool calls an episode may make; a call past it is scored as the final answer."""
+    turn_tokens: int = 32
+    """Most tokens the model samples in one turn."""
+    rule_digest: str | None = None
+    """sha256 of the tool-call rule; filled in when the run starts, checked on resume and replay."""
+
+    def check(self) -> None:
+        from runtime.episodes.parsing import RULES
+
+        for tool in self.tools:
+            if tool not in EPISODE_TOOLS:
+                raise _fail("episodes.tools", self.tools, f"unknown tool {tool!r}; accepted: {', '.join(EPISODE_TOOLS)}")
+        if len(set(self.tools)) != len(self.tools):
+            raise _fail("episodes.tools", self.tools, "name each tool once")
+        self._choice("rule", RULES)
+        self._at_least("max_calls", 1)
+        self._at_least("turn_tokens", 1)
+        if self.turn_tokens > MAX_TOKENS:
+            raise _fail("episodes.turn_tokens", self.turn_tokens, f"it must be <= {MAX_TOKENS}")
+        digest = self.rule_digest
+        if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _fail("episodes.rule_digest", digest, "it must be a sha256 in hex (filled in by rlx run)")
+        if digest is not None and not self.tools:
+            raise _fail("episodes.rule_digest", digest, "it is set only with episodes.tools")
+
+
+EPISODE_TOOLS = ("calculator", "python")
+
+
+@dataclasses.dataclass(frozen=True)
 class LedgerConfig(Section):
     """Where events go: a store URL or SQLite path (None: ``DIR/ledger.db``), how durably a
     SQLite ledger commits (``PRAGMA synchronous``; PostgreSQL always commits synchronously), and
@@ -806,8 +856,8 @@ dropped; a new config that sets one is refused with the reason."""
 SECTIONS: dict[str, type[Section]] = {
     cls.NAME: cls
     for cls in (RunConfig, ModelConfig, PretrainConfig, DataConfig, SamplingConfig, AlgorithmConfig,
-                SchedulingConfig, TrainerConfig, InferenceConfig, WorkersConfig, VerifierConfig, LedgerConfig,
-                ParamsConfig, EvalConfig, LogConfig)
+                SchedulingConfig, TrainerConfig, InferenceConfig, WorkersConfig, VerifierConfig, EpisodesConfig,
+                LedgerConfig, ParamsConfig, EvalConfig, LogConfig)
 }
 
 
@@ -835,6 +885,7 @@ class Config:
     inference: InferenceConfig = dataclasses.field(default_factory=InferenceConfig)
     workers: WorkersConfig = dataclasses.field(default_factory=WorkersConfig)
     verifier: VerifierConfig = dataclasses.field(default_factory=VerifierConfig)
+    episodes: EpisodesConfig = dataclasses.field(default_factory=EpisodesConfig)
     ledger: LedgerConfig = dataclasses.field(default_factory=LedgerConfig)
     params: ParamsConfig = dataclasses.field(default_factory=ParamsConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)

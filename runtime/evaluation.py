@@ -95,9 +95,9 @@ def evaluate(engine: Any, task: Any, codec: Any, params: Any, *, version: int, s
     requests = prompts + [p for p in prompts for _ in range(samples)]
     params_list = [greedy] * n + [sampled] * (n * samples)
     seeds = list(range(n)) + sample_seeds(seed, version, n, samples)  # greedy ignores its seed
-    completions = engine.generate(requests, params_list, seeds)
-    texts = [codec.decode(c.tokens) for c in completions]
-    passed = [bool(o.passed) for o in task.score(problems + [p for p in problems for _ in range(samples)], texts)]
+    every = problems + [p for p in problems for _ in range(samples)]
+    texts = _texts(engine, task, codec, every, requests, params_list, seeds)
+    passed = [bool(o.passed) for o in task.score(every, texts)]
     greedy_passed, sampled_passed = passed[:n], np.asarray(passed[n:], dtype=bool).reshape(n, samples)
     counts = sampled_passed.sum(axis=1)
     return Evaluation(
@@ -115,8 +115,20 @@ def greedy_pass_rate(engine: Any, task: Any, codec: Any, params: Any, *, size: i
     (``rlx pretrain``'s measure of a warm start; a run records :func:`evaluate`'s)."""
     problems, prompts = _held_out(task, codec, size)
     engine.update_params(params)
-    completions = engine.generate(prompts, _greedy(codec, max_tokens), list(range(len(problems))))
-    return float(np.mean([o.passed for o in task.score(problems, [codec.decode(c.tokens) for c in completions])]))
+    texts = _texts(engine, task, codec, problems, prompts, [_greedy(codec, max_tokens)] * len(problems),
+                   list(range(len(problems))))
+    return float(np.mean([o.passed for o in task.score(problems, texts)]))
+
+
+def _texts(engine: Any, task: Any, codec: Any, problems: list, prompts: list, params: list, seeds: list) -> list[str]:
+    """The texts to score of one completion per prompt: of a multi-turn task, an episode's last
+    turn, its tools called as in a run (``runtime.episodes.rollout``)."""
+    if getattr(task, "multi_turn", False):
+        from runtime.episodes.rollout import EpisodeSampler, final_ids
+
+        sampler = EpisodeSampler(engine, lambda: task.environment(codec), turn_tokens=task.turn_tokens)
+        return [codec.decode(final_ids(e.tokens, e.turns)) for e in sampler.generate(problems, params, seeds)]
+    return [codec.decode(c.tokens) for c in engine.generate(prompts, params, seeds)]
 
 
 class Evaluator:

@@ -93,11 +93,37 @@ def make_task(config: Config):
     else:
         task = build(d.task, seed=config.run.seed, **({"options": d.options} if takes_options else {}))
     recorded = d.task_version
+    if config.episodes.tools:  # multi-turn episodes: the task's problems, answered with tools
+        task = tool_task(config, task)
     if recorded is not None and task.version != recorded:
         raise UsageError(f"data.task {d.task!r}: the run was started with {task.package or 'its source'} {recorded} "
                          f"(data.task_version) but {task.version or 'no version'} is installed here, whose problems "
                          f"and scores may differ; install {task.package or 'that version'}=={recorded}")
     return task
+
+
+def tool_task(config: Config, inner):
+    """``inner``'s problems answered in multi-turn episodes with ``episodes.tools``, whose calls
+    are read by ``episodes.rule``; a recorded ``episodes.rule_digest`` that is not this rule's is
+    refused (the same ids would be read as other calls)."""
+    from runtime.episodes import ToolTask, make_rule, rule_digest
+
+    e = config.episodes
+    rule = make_rule(e.rule)
+    if e.rule_digest is not None and rule_digest(rule) != e.rule_digest:
+        raise UsageError(f"episodes.rule {e.rule!r} reads tool calls otherwise here (sha256 {rule_digest(rule)[:16]}) "
+                         f"than when the run started ({e.rule_digest[:16]}, episodes.rule_digest)")
+    return ToolTask(inner, rule, e.tools, chat=config.data.chat_template, max_calls=e.max_calls,
+                    turn_tokens=e.turn_tokens)
+
+
+def episode_buckets(longest_prompt: int, width: int) -> tuple[int, ...]:
+    """Prefill lengths for multi-turn episodes, whose later turns continue from longer contexts:
+    the longest prompt, then doubling, up to ``width - 1`` (the longest context a turn samples from)."""
+    buckets = [longest_prompt]
+    while buckets[-1] < width - 1:
+        buckets.append(min(2 * buckets[-1], width - 1))
+    return tuple(buckets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +167,8 @@ class EngineShape:
         if 0 < pages < pages_per_seq:
             raise UsageError(f"inference.kv_pages: {pages} is not accepted; the pool must hold one longest sequence "
                              f"({width} tokens: {pages_per_seq} pages of {page_size}), so at least {pages_per_seq}")
-        return cls(min(w.inference_batch, w.inference_slots), page_size, pages_per_seq, (longest_prompt,),
+        return cls(min(w.inference_batch, w.inference_slots), page_size, pages_per_seq,
+                   episode_buckets(longest_prompt, width) if config.episodes.tools else (longest_prompt,),
                    attention, MeshShape.of(config.inference.mesh).model, pages)
 
     @classmethod
@@ -388,6 +415,11 @@ def resolve(config: Config, task) -> Config:
     codec = build_codec(config)
     spec = config.verifier.reward
     reward = None if spec is None else load_reward(spec, config.verifier.reward_digest).digest
+    rule = getattr(task, "rule", None) if getattr(task, "multi_turn", False) else None
+    if rule is not None:
+        from runtime.episodes import rule_digest
+
+        config = dataclasses.replace(config, episodes=dataclasses.replace(config.episodes, rule_digest=rule_digest(rule)))
     return config.resolved(data_size=task.train_size, chat_template_digest=codec.template_digest,
                            chat_template_file=codec.template_file, task_version=task.version, reward_digest=reward)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Column, Table
+from rich.text import Text
 
 
 def _fmt(value: Any) -> str:
@@ -158,6 +159,24 @@ def rollout(console: Console, doc: dict[str, Any]) -> None:
     for h in doc["history"]:
         t.add_row(str(h["seq"]), h["event"], h["detail"])
     console.print(t)
+    if doc.get("turns"):
+        console.print(_turns(doc["turns"]))
+
+
+def _turns(turns: list[dict[str, Any]]) -> Table:
+    """A multi-turn episode turn by turn: the model's ids, its tool call and the ids appended."""
+    t = Table("turn", "model sampled", "tool call", "environment appended", title="episode", title_justify="left")
+    for turn in turns:
+        call = turn["call"]
+        called = "-" if call is None else (
+            f"{call['tool'] or '(malformed)'}: {call['arguments'][:80]!r}\n{call['status']}"
+            + (f", exit {call['exit_status']}" if call["exit_status"] is not None else "")
+            + f", {call['wall_s'] * 1000:.1f} ms" + (", output cut" if call["truncated"] else "")
+            + (f"\n{call['detail']}" if call["detail"] else ""))
+        # Text cells: a model's or a tool's text is shown as it is, never read as markup
+        t.add_row(str(turn["turn"]), Text(f"{turn['sampled']} ids\n{_fmt(turn['sampled_text'])}"), Text(called),
+                  Text(f"{turn['appended']} ids\n{_fmt(turn['appended_text'])}"))
+    return t
 
 
 def check(console: Console, run_id: str, chain, rows: list[dict[str, Any]], *, params_checked: bool) -> None:

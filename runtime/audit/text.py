@@ -49,3 +49,31 @@ class RunText:
             return self._codec.decode(token_ids)
         except (OverflowError, ValueError, IndexError, KeyError):
             return None
+
+    def ids(self, token_ids: Sequence[int]) -> str | None:
+        """The text of ``token_ids`` with special tokens shown (an environment's role markers)."""
+        if self._codec is None or any(t < 0 for t in token_ids):
+            return None
+        try:
+            return self._codec.tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=False)
+        except (OverflowError, ValueError, IndexError, KeyError):
+            return None
+
+    def turns(self, tokens: Sequence[int], turns: Sequence[dict]) -> list[dict]:
+        """A multi-turn completion turn by turn: what the model sampled, its tool call and what the
+        environment appended, with their ids' counts and texts (None where the text cannot be rebuilt)."""
+        from runtime.episodes.rollout import spans
+
+        out = []
+        for k, ((start, sampled_end, end), t) in enumerate(zip(spans(turns), turns, strict=True), 1):
+            call = t["call"]
+            out.append({
+                "turn": k, "sampled": t["sampled"], "appended": t["appended"],
+                "sampled_text": self.ids(tokens[start:sampled_end]), "appended_text": self.ids(tokens[sampled_end:end]),
+                "call": None if call is None else {
+                    "tool": call["tool"], "arguments": call["arguments"], "status": call["status"],
+                    "exit_status": call["exit_status"], "wall_s": call["wall_s"], "truncated": call["truncated"],
+                    "detail": call["detail"], "output": call["output"].decode("utf-8", "replace")},
+            })
+        return out
+

@@ -67,16 +67,10 @@ def _emit(obj: Any) -> None:
     print(json.dumps(obj, sort_keys=True))
 
 
-def _prompt_text(config: dict):
-    """The task's prompt text by training index (None where the task cannot be rebuilt)."""
-    from runtime.audit.text import RunText
-
-    return RunText(config).prompt
-
-
 def cmd_query(args: argparse.Namespace) -> int:
     from ledger import open_store
     from runtime.audit.index import query_events
+    from runtime.audit.text import RunText
     from runtime.rundir import RunDir
 
     rundir = RunDir(args.directory)
@@ -88,8 +82,11 @@ def cmd_query(args: argparse.Namespace) -> int:
     if what == "step":
         doc = prov.step(n)
     else:
-        text = _prompt_text(prov.run.config if prov.run is not None else {})
-        doc = prov.version(n, prompt_text=text) if what == "version" else prov.rollout(n, prompt_text=text)
+        texts = RunText(prov.run.config if prov.run is not None else {})
+        doc = prov.version(n, prompt_text=texts.prompt) if what == "version" else prov.rollout(n, prompt_text=texts.prompt)
+        if what == "rollout" and n in prov.completed and prov.completed[n][1].turns:  # a multi-turn episode
+            completion = prov.completed[n][1]
+            doc["turns"] = texts.turns(completion.tokens.tolist(), completion.turns)
     if args.json:
         _emit({"run_id": run_id, what: doc})
         return 0

@@ -255,11 +255,13 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 class Bounds(NamedTuple):
     """The run's limits on a completion: the model's vocabulary (token ids in ``[0,
-    vocab_size)``) and ``sampling.max_tokens``. None: not known here (token ids are then only
-    checked to be >= 0, lengths not at all)."""
+    vocab_size)``), ``sampling.max_tokens`` and whether its rollouts are multi-turn episodes
+    (``episodes.tools`` named). None: not known here (token ids are then only checked to be >= 0,
+    lengths not at all, turns only for their form)."""
 
     vocab_size: int | None = None
     max_tokens: int | None = None
+    episodes: bool | None = None
 
 
 UNBOUNDED = Bounds()
@@ -286,6 +288,16 @@ def completion_values(e: ev.RolloutCompleted, bounds: Bounds) -> str | None:
     if bad_logprob.any():
         where = int(np.flatnonzero(bad_logprob)[0])
         return f"rollout {rid}: token {where} has log-prob {float(logprobs[where])!r}; a log-prob is finite and <= 0"
+    turns = e.turns
+    if bounds.episodes is not None and bool(turns) != bounds.episodes:
+        return (f"rollout {rid}: a completion of a run with episodes.tools has turns" if bounds.episodes else
+                f"rollout {rid}: a completion with turns in a run without episodes.tools")
+    if turns or type(turns) is not tuple:
+        from runtime.episodes.rollout import turns_problem
+
+        problem = turns_problem(turns, n, bounds.max_tokens)
+        if problem is not None:
+            return f"rollout {rid}: {problem}"
     reason = e.finish_reason
     if reason not in (FINISH_STOP, FINISH_LENGTH):
         return f"rollout {rid}: finish reason {str(reason)[:40]!r}; accepted: 'stop', 'length'"

@@ -103,7 +103,8 @@ class _Checker:
             self.flag("I6", seq, f"RunStarted config unusable: {err}")
             return
         max_tokens = self.spec.sampling.get("max_tokens")
-        self.bounds = Bounds(self.vocab_size, max_tokens if isinstance(max_tokens, int) else None)
+        tools = (e.config.get("episodes") or {}).get("tools") if isinstance(e.config, dict) else None
+        self.bounds = Bounds(self.vocab_size, max_tokens if isinstance(max_tokens, int) else None, bool(tools))
 
     def _forked(self, seq: int, e: ev.RunForked) -> None:
         seed = 0 if self.spec is None else self.spec.seed

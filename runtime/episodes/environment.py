@@ -85,15 +85,17 @@ class ToolEnvironment:
       tools: the tools, by name (or a ``ToolRunner`` such as a replay's record).
       max_calls: tool calls an episode may make; a call past it ends the episode with the
         action scored as the final answer.
+      score: score the final answer with ``task`` (False: its reward is 0 and its outcome None,
+        for a run whose verifier scores it).
 
     One environment serves one live episode at a time (``reset`` starts the next one).
     """
 
     def __init__(self, task: Task, turns: TurnFormat, rule: Rule, tools: Mapping[str, Tool] | ToolRunner,
-                 *, max_calls: int = 4):
+                 *, max_calls: int = 4, score: bool = True):
         if not isinstance(max_calls, int) or max_calls < 0:
             raise EpisodeError(f"max_calls={max_calls!r} must be an integer >= 0")
-        self.task, self.turns, self.rule, self.max_calls = task, turns, rule, max_calls
+        self.task, self.turns, self.rule, self.max_calls, self.score = task, turns, rule, max_calls, score
         self.runner: ToolRunner = LiveTools(dict(tools)) if isinstance(tools, Mapping) else tools
         self.tool_specs: dict[str, dict] = (
             {name: tool.describe() for name, tool in sorted(tools.items())} if isinstance(tools, Mapping) else {})
@@ -118,6 +120,8 @@ class ToolEnvironment:
         parsed = self.rule.parse(text)
         if not parsed.call or self._calls >= self.max_calls:
             self._problem = None
+            if not self.score:
+                return StepResult(StepKind.FINAL, np.zeros(0, np.int32), 0.0, True)
             outcome = self.task.score([problem], [text])[0]
             return StepResult(StepKind.FINAL, np.zeros(0, np.int32), float(self.task.reward(outcome)), True,
                               outcome=outcome)

@@ -11,7 +11,10 @@ model, whose alphabet is lowercase: the plain instructions are written in it).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from runtime.episodes.calculator import Calculator
 from runtime.episodes.environment import ToolEnvironment
@@ -24,6 +27,8 @@ from runtime.tasks.gym import GymTask
 from verifiers.outcome import Outcome
 
 EXAMPLES = {"calculator": "12*7+5", "python": "print(12*7+5)"}
+_EXPRESSION = re.compile(r"[-(]*\d[\d+\-*/(). ]*[\d)]")
+"""An arithmetic expression in a question's text (the longest one is what a demonstration calls)."""
 
 
 def instructions(rule: Rule, tools: Sequence[str], *, chat: bool, answer_hint: str) -> str:
@@ -45,10 +50,16 @@ class ToolTask(Task):
       chat: the prompt goes to a chat template (a system message) rather than a plain codec.
       answer_hint: how the final answer is to be written (chat prompts only); default: the
         ``<answer>`` tag for a reasoning-gym task that reads it, else the answer alone.
+      max_calls: tool calls an episode may make (``ToolEnvironment``).
+      turn_tokens: most ids the model samples in one turn.
     """
 
-    def __init__(self, inner: Task, rule: Rule, tools: Sequence[str], *, chat: bool, answer_hint: str | None = None):
+    multi_turn = True
+
+    def __init__(self, inner: Task, rule: Rule, tools: Sequence[str], *, chat: bool, answer_hint: str | None = None,
+                 max_calls: int = 4, turn_tokens: int = 32):
         self.inner, self.rule, self.tools, self.chat = inner, rule, tuple(tools), chat
+        self.max_calls, self.turn_tokens = max_calls, turn_tokens
         self.name = f"tools:{inner.name}"
         self.package, self.version = inner.package, inner.version
         self.max_tokens = max(inner.max_tokens, 64)
@@ -85,7 +96,53 @@ class ToolTask(Task):
 
     def describe(self) -> dict:
         return {"name": self.name, "inner": self.inner.describe(), "rule": self.rule.describe(), "tools": list(self.tools),
-                "chat": self.chat, "instructions": self.text}
+                "chat": self.chat, "instructions": self.text, "max_calls": self.max_calls,
+                "demonstration": 1}
+
+    @property
+    def has_code(self) -> bool:
+        return self.inner.has_code
+
+    def supervised_indices(self):
+        return self.inner.supervised_indices()
+
+    def live_tools(self) -> dict[str, Tool]:
+        """The tools, by name, as they run (the Python tool in the code verifier's sandbox)."""
+        from runtime.episodes.python_tool import PythonTool
+
+        made: dict[str, Tool] = {"calculator": Calculator(), "python": PythonTool()}
+        return {name: made[name] for name in self.tools}
+
+    def environment(self, codec: TextCodec, tools: Mapping[str, Tool] | None = None, *, score: bool = False) -> ToolEnvironment:
+        """An environment of this task's problems for a model whose text is ``codec``, with the
+        live tools (or ``tools``); ``score``: it scores final answers itself (a run's verifier
+        does, so by default it does not)."""
+        return ToolEnvironment(self, turn_format(codec), self.rule, self.live_tools() if tools is None else tools,
+                               max_calls=self.max_calls, score=score)
+
+    def demonstration(self, index: int, codec: TextCodec) -> tuple[np.ndarray, np.ndarray] | None:
+        """A worked episode of training problem ``index`` for the supervised warm start: the model
+        calls the calculator with the longest arithmetic expression of the question, the result is
+        appended as the environment appends it, and the model writes the target. ``(ids, mask)``
+        with ``mask`` True on the model's ids; None when the question holds no expression, the
+        problem has no target or no calculator is listed."""
+        inner = self.inner.problem("train", index)
+        question = inner.messages[-1][1] if inner.messages else inner.prompt
+        found = _EXPRESSION.findall(question)
+        problem = self.problem("train", index)
+        if "calculator" not in self.tools or not found or problem.target is None:
+            return None
+        expression = max(found, key=len).strip()
+        env = self.environment(codec, {"calculator": Calculator()})
+        prompt = env.reset(problem)
+        call = np.asarray([*codec.tokenizer.encode(self.rule.syntax("calculator", expression),
+                                                   add_special_tokens=False).ids, codec.eos_ids[0]], np.int32)
+        result = env.step(call)
+        answer = np.asarray(codec.target_ids(problem), np.int32)
+        ids = np.concatenate([prompt, call, result.ids, answer])
+        mask = np.concatenate([np.zeros(prompt.size, bool), np.ones(call.size, bool), np.zeros(result.ids.size, bool),
+                               np.ones(answer.size, bool)])
+        return ids, mask
 
     def problem(self, split: str, index: int) -> Problem:
         p = self.inner.problem(split, index)

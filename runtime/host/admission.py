@@ -151,7 +151,7 @@ def bounds(config: Config) -> Bounds:
 
         path = pathlib.Path(config.model.path) / CONFIG_FILE
         vocab = config_from_hf(read_required_json(path), source=str(path)).vocab_size
-    return Bounds(int(vocab), config.max_tokens)
+    return Bounds(int(vocab), config.max_tokens, bool(config.episodes.tools))
 
 
 def submission(events: Sequence[ev.Event], role: str, worker: str, bounds: Bounds = UNBOUNDED) -> list[ev.Event]:

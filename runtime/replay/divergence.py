@@ -103,9 +103,36 @@ def _metric_difference(logged: Mapping[str, float], got: Mapping[str, float]) ->
 _ROLLOUT_FIELDS = ("policy_version", "weights_digest", "tokens", "logprobs", "finish_reason")
 
 
+def _turns_difference(logged: tuple, regenerated: tuple) -> str | None:
+    """Where a re-sampled episode's tool calls first differ from the logged ones (all but the wall
+    time): a tool that gave another result for the same call is named as not deterministic."""
+    for k, (a, b) in enumerate(zip(logged, regenerated, strict=False), 1):
+        ca, cb = a["call"], b["call"]
+        if ca is None or cb is None:
+            if (ca is None) != (cb is None):
+                return f"turn {k}: logged {'a final answer' if ca is None else 'a tool call'}, regenerated " \
+                       f"{'a final answer' if cb is None else 'a tool call'}"
+            continue
+        if (ca["tool"], ca["arguments"]) != (cb["tool"], cb["arguments"]):
+            return f"turn {k}: logged call {ca['tool']}({_short(ca['arguments'])}), regenerated {cb['tool']}({_short(cb['arguments'])})"
+        fields = [f for f in ("output", "exit_status", "truncated", "status", "detail") if ca[f] != cb[f]]
+        if fields:
+            return (f"turn {k}: tool {ca['tool']!r} is not deterministic: the same call gave another "
+                    f"{', '.join(fields)} than the record")
+    if len(logged) != len(regenerated):
+        return f"logged {len(logged)} turns, regenerated {len(regenerated)}"
+    return None
+
+
 def compare_rollout(sampled: SampledRollout, regenerated: ev.RolloutCompleted) -> Divergence | None:
-    """A re-sampled completion against the logged one: tokens, log-prob bits, finish reason."""
+    """A re-sampled completion against the logged one: a multi-turn episode's tool calls (each
+    result equal to the record but for its wall time), tokens, log-prob bits, finish reason."""
     logged = sampled.completion
+    if logged.turns or regenerated.turns:
+        message = _turns_difference(tuple(logged.turns), tuple(regenerated.turns))
+        if message is not None:
+            return Divergence("rollout", sampled.seq, ev.RolloutCompleted.KIND, "turns", message,
+                              version=sampled.lease.policy_version, rollout_id=sampled.lease.rollout_id)
     for field in _ROLLOUT_FIELDS:
         a, b = getattr(logged, field), getattr(regenerated, field)
         if field == "tokens":

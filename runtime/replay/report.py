@@ -32,6 +32,8 @@ class ReplayReport:
       requested_version: the version asked for (``--from-version``).
       snapshots_checked: stored controller snapshots proven equal to the fold at their seq
         (``--check-snapshots``; 0 without it).
+      episodes_rederived: multi-turn episodes re-derived from their sampled ids and recorded tool
+        results, no tool run, equal to the record (0 for a run without tools).
     """
 
     run_id: str
@@ -46,6 +48,7 @@ class ReplayReport:
     seconds: float = 0.0
     requested_version: int = 0
     snapshots_checked: int = 0
+    episodes_rederived: int = 0
 
     @property
     def match(self) -> bool:
@@ -69,6 +72,7 @@ class ReplayReport:
             "final_digest": self.final_digest,
             "rollouts_regenerated": self.rollouts_regenerated,
             "snapshots_checked": self.snapshots_checked,
+            "episodes_rederived": self.episodes_rederived,
             "first_divergence": None if first is None else first.to_dict(),
             "divergence_count": len(self.divergences),
             "divergences": [d.to_dict() for d in self.divergences[:SHOWN_DIVERGENCES]],

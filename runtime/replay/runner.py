@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from ledger import events as ev
 from runtime import inputs as run_inputs
 from runtime.config import Config
 from runtime.errors import UsageError
@@ -94,10 +95,10 @@ class _Replay:
         return self.store.read(self.run_id)
 
     def report(self, divergences: list[Divergence], *, verified: int = 0, final: tuple[int, str] | None = None,
-               regenerated: int = 0) -> ReplayReport:
+               regenerated: int = 0, rederived: int = 0) -> ReplayReport:
         return ReplayReport(self.run_id, self.start, self.steps_total, verified, final and final[0],
                             final and final[1], regenerated, ordered(divergences), self.fp,
-                            time.monotonic() - self.t0, self.requested, self.snapshots_checked)
+                            time.monotonic() - self.t0, self.requested, self.snapshots_checked, rederived)
 
     def _check_trainer_layouts(self, index) -> None:
         """Warn when this process cannot train with the bits the run's trainers had: another
@@ -214,7 +215,8 @@ class _Replay:
                         divergences += rerun.regenerate(item)
                     resampled = f", {rerun.regenerated:,} rollouts re-sampled" if regenerate else ""
                     bar.update(rerun.verified - (start == 0), f"{rerun.verified} versions match{resampled}")
-        return self.report(divergences, verified=rerun.verified, final=rerun.final, regenerated=rerun.regenerated)
+        return self.report(divergences, verified=rerun.verified, final=rerun.final, regenerated=rerun.regenerated,
+                           rederived=rerun.rederived)
 
 
 class _Counter:
@@ -308,6 +310,7 @@ class _Rerun:
             lambda v: (self.store.get(v), self.store.digest(v)))
         self.verified = 0
         self.regenerated = 0
+        self.rederived = 0  # multi-turn episodes re-derived from their recorded tool results
         self.final: tuple[int, str] | None = None
         self.stopped = False
 
@@ -353,9 +356,10 @@ class _Rerun:
         for v in self.store.versions():
             if step.could_not_read(v):
                 self.store.delete(v)
+        episodes = self._rederive(step)
         trained, published = self._trainer(step).train(step.task)
         self.final = (step.step, published.digest)
-        found = compare_step(step, trained, published)
+        found = episodes + compare_step(step, trained, published)
         differs = any(d.kind == published.KIND for d in found)
         self.stopped = differs
         self.verified += not differs
@@ -363,6 +367,32 @@ class _Rerun:
             self.log(f"step {step.step}: digest {published.digest[:16]} {'differs' if differs else 'matches'}"
                      f"{' (step metrics differ)' if not differs else ''}")
         return found
+
+    def _rederive(self, step: StepPlan) -> list[Divergence]:
+        """Every multi-turn episode the step trains on, re-derived from its sampled ids with the
+        recorded tool results (no tool runs): an appended id or a call that is not the record's
+        is a divergence."""
+        from runtime.episodes import EpisodeDivergence
+        from runtime.episodes.rollout import rederive
+
+        rollouts = [r for r in step.task.rollouts if r.completion.turns]
+        if not rollouts:
+            return []
+        task, codec = self.session.task, self.session.codec
+        env = task.environment(codec, tools={})  # no tool: every result comes from the record
+        out = []
+        for r in rollouts:
+            problem = task.problem("train", r.request.prompt_index)
+            c = r.completion
+            try:
+                rederive(env, problem, codec.encode_prompt(problem), c.tokens, c.logprobs, c.turns,
+                         self.session.config.max_tokens)
+            except EpisodeDivergence as e:
+                out.append(Divergence("rollout", step.trained_seq, ev.RolloutCompleted.KIND, "turns",
+                                      f"the episode re-derived from the recorded tool results differs: {e}",
+                                      version=c.policy_version, rollout_id=c.rollout_id))
+        self.rederived += len(rollouts) - len(out)
+        return out
 
     def _trainer(self, step: StepPlan):
         """The trainer of the config ``step`` was trained with (a fork's, after its RunForked)."""

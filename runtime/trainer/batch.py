@@ -31,6 +31,8 @@ class Sample:
     logprobs: np.ndarray  # float32 behaviour log-probs of the completion tokens
     reward: float
     policy_version: int
+    mask: np.ndarray | None = None  # bool over the completion: the ids trained (None: all; a multi-turn
+    # episode's sampled ids, not the ids its environment appended)
 
 
 @jax.tree_util.register_dataclass
@@ -41,7 +43,8 @@ class TrainBatch:
     Attributes:
       tokens_BT: int32 prompt + completion, right-padded with ``pad_id``.
       attention_BT: bool, True on real tokens.
-      mask_BS: bool ``[B, T-1]``, True where target ``tokens[:, 1:]`` is a completion token.
+      mask_BS: bool ``[B, T-1]``, True where target ``tokens[:, 1:]`` is a completion token (of a
+        multi-turn episode: one the model sampled, not one its environment appended).
       behaviour_BS: float32 ``[B, T-1]`` the engine's log-probs of those targets (0 elsewhere).
       rewards_MG: float32 ``[M, G]`` sequence rewards by group.
       versions_B: int32 policy version each row was sampled from.
@@ -122,7 +125,12 @@ def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int,
         tokens[b, :p] = s.prompt
         tokens[b, p : p + c] = s.completion
         attention[b, : p + c] = True
-        mask[b, p - 1 : p - 1 + c] = True
+        if s.mask is None:
+            mask[b, p - 1 : p - 1 + c] = True
+        elif len(s.mask) != c:
+            raise RlxError(f"row {b}: {c} completion tokens but a mask of {len(s.mask)}")
+        else:
+            mask[b, p - 1 : p - 1 + c] = s.mask
         behaviour[b, p - 1 : p - 1 + c] = s.logprobs
     rewards = np.asarray([s.reward for s in samples], np.float32).reshape(-1, group_size)
     versions = np.asarray([s.policy_version for s in samples], np.int32)

@@ -34,12 +34,21 @@ from runtime.trainer.optimizer import OptimizerConfig, transformation
 
 def pack_supervised(task: Task, codec: TextCodec, indices, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(tokens_BT, attention_BT, target_mask_BS)`` for prompt + target + ``<eos>`` rows, padded
-    with the codec's pad id."""
+    with the codec's pad id; a task with ``demonstration`` (``runtime.episodes.ToolTask``) gives
+    worked multi-turn episodes instead, trained on the model's ids only."""
     B = len(indices)
     tokens = np.full((B, width), codec.pad_id, np.int32)
     attention = np.zeros((B, width), bool)
     mask = np.zeros((B, width - 1), bool)
+    demonstration = getattr(task, "demonstration", None)  # a multi-turn task's worked episodes
     for b, i in enumerate(indices):
+        demo = None if demonstration is None else demonstration(int(i), codec)
+        if demo is not None:
+            row, trained = demo[0][:width], demo[1][:width]
+            tokens[b, : len(row)] = row
+            attention[b, : len(row)] = True
+            mask[b, : len(row) - 1] = trained[1:]
+            continue
         p = task.problem("train", int(i))
         prompt = codec.encode_prompt(p)
         target = codec.target_ids(p)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -50,6 +51,14 @@ class EngineWorker:
         self.slots = slots or engine.max_slots
         self._loaded: tuple[int, str] | None = None
         self.generated_tokens = 0
+        # A multi-turn task's rollouts are episodes of turns with its tools (runtime.episodes.rollout).
+        self.episodes = None
+        if getattr(task, "multi_turn", False):
+            from runtime.episodes import ToolTask
+            from runtime.episodes.rollout import EpisodeSampler
+
+            tools = cast(ToolTask, task)
+            self.episodes = EpisodeSampler(engine, lambda: tools.environment(codec), turn_tokens=tools.turn_tokens)
 
     def _use(self, version: int, digest: str) -> None:
         if self._loaded == (version, digest):
@@ -71,11 +80,17 @@ class EngineWorker:
         out = []
         for (version, digest), group in sorted(by_version.items()):
             self._use(version, digest)
+            params = [SamplingParams.from_request(lease.sampling, self.codec.eos_ids) for lease in group]
+            seeds = [lease.seed for lease in group]
+            if self.episodes is not None:
+                problems = [self.task.problem("train", lease.prompt_index) for lease in group]
+                for lease, e in zip(group, self.episodes.generate(problems, params, seeds), strict=True):
+                    self.generated_tokens += int(sum(t["sampled"] for t in e.turns))
+                    out.append(RolloutCompleted(lease.rollout_id, self.worker_id, lease.attempt, version, digest,
+                                                e.tokens, e.logprobs, e.finish_reason, e.turns))
+                continue
             completions = self.engine.generate(
-                [self.prompt_tokens(lease.prompt_index) for lease in group],
-                [SamplingParams.from_request(lease.sampling, self.codec.eos_ids) for lease in group],
-                [lease.seed for lease in group],
-            )
+                [self.prompt_tokens(lease.prompt_index) for lease in group], params, seeds)
             for lease, c in zip(group, completions, strict=True):
                 self.generated_tokens += len(c.tokens)
                 out.append(RolloutCompleted(

@@ -17,6 +17,7 @@ import numpy as np
 
 from ledger.events import TrainStepCompleted, WeightsPublished
 from runtime.controller.workers import InitTask, TrainTask
+from runtime.episodes.rollout import completion_mask
 from runtime.errors import RlxError
 from runtime.failpoints import failpoint
 from runtime.model import Model
@@ -136,6 +137,7 @@ class StepTrainer:
                 logprobs=np.asarray(r.completion.logprobs, np.float32),
                 reward=float(r.outcome.reward),
                 policy_version=int(r.completion.policy_version),
+                mask=completion_mask(r.completion.turns, len(r.completion.tokens)) if r.completion.turns else None,
             ))
         config = self.step_config(samples)
         if config.pack:  # rows a multiple of the row shards and micro-batches, and of an eighth of the batch

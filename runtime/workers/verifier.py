@@ -6,11 +6,13 @@ from collections.abc import Sequence
 
 from ledger.events import OutcomeRecorded
 from runtime.controller.workers import ScoreTask
+from runtime.episodes.rollout import final_ids
 from runtime.tasks.base import Task, TextCodec
 
 
 class TaskVerifier:
-    """Decodes each completion, re-derives its problem from the prompt index, and verifies it."""
+    """Decodes each completion (a multi-turn episode's last turn), re-derives its problem from the
+    prompt index, and verifies it."""
 
     def __init__(self, worker_id: str, task: Task, codec: TextCodec):
         self.worker_id = worker_id
@@ -19,6 +21,7 @@ class TaskVerifier:
 
     def score(self, tasks: Sequence[ScoreTask]) -> list[OutcomeRecorded]:
         problems = [self.task.problem("train", t.prompt_index) for t in tasks]
-        texts = [self.codec.decode(t.completion.tokens) for t in tasks]
+        # a multi-turn episode is scored on its last turn (``final_ids``: the whole completion otherwise)
+        texts = [self.codec.decode(final_ids(t.completion.tokens, t.completion.turns)) for t in tasks]
         outcomes = self.task.score(problems, texts)
         return [OutcomeRecorded.of(t.rollout_id, o, self.task.reward(o)) for t, o in zip(tasks, outcomes, strict=True)]

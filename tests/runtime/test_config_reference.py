@@ -80,6 +80,8 @@ def test_config_check_refuses_a_bad_value_in_one_line(capsys):
 
 ADDED_SINCE = {"verifier": ("reward", "reward_digest")}
 """Fields added after ``DEFAULT_DIGEST`` was taken, each unset by default."""
+SECTIONS_ADDED_SINCE = {"episodes": ("tools", ())}
+"""Sections added after ``DEFAULT_DIGEST`` was taken, with the field whose default leaves them off."""
 DEFAULT_DIGEST = "6b2e303e87ef7fec736eb950b6f212d3c0c36ea87b0369dd5ad653d937ce8c36"
 
 
@@ -88,6 +90,8 @@ def test_descriptions_change_no_default():
     were described: a description is a docstring, never a value. A new field is listed in
     ``ADDED_SINCE`` with its unset default; a changed default fails here."""
     d = cfg.Config().to_dict()
+    for section, off in SECTIONS_ADDED_SINCE.items():
+        assert d.pop(section)[off[0]] == off[1]  # a section added since does nothing by default
     for section, names in ADDED_SINCE.items():
         for name in names:
             assert d[section].pop(name) is None

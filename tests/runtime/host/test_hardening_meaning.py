@@ -134,7 +134,9 @@ def test_values_are_refused_with_their_reasons(hosted):
 
 def test_the_bounds_of_a_run_come_from_its_model_and_sampling():
     config = load_config(None, OVERRIDES, data_size=8)
-    assert admission.bounds(config) == admission.Bounds(VOCAB, MAX_TOKENS)
+    assert admission.bounds(config) == admission.Bounds(VOCAB, MAX_TOKENS, False)
+    tools = load_config(None, [*OVERRIDES, 'episodes.tools=["calculator"]'], data_size=8)
+    assert admission.bounds(tools) == admission.Bounds(VOCAB, MAX_TOKENS, True)
 
 
 # -- a train step and its weights --------------------------------------------------------------------
