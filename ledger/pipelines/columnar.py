@@ -15,7 +15,7 @@ import pyarrow as pa
 from ledger.errors import LedgerError
 from ledger.pipelines import jsonl
 
-JSON_COLUMNS = frozenset({"sampling", "metrics"})
+JSON_COLUMNS = frozenset({"sampling", "metrics", "turns"})
 """Columns holding a JSON text of the row's dict."""
 
 ROLLOUTS = pa.schema([
@@ -24,7 +24,7 @@ ROLLOUTS = pa.schema([
     ("sampling", pa.string()), ("requested_seq", pa.int64()), ("attempts", pa.int64()),
     ("abandoned", pa.list_(pa.string())), ("worker", pa.string()), ("attempt", pa.int64()),
     ("weights_digest", pa.string()), ("token_ids", pa.list_(pa.int32())), ("logprobs", pa.list_(pa.float32())),
-    ("finish_reason", pa.string()), ("completed_seq", pa.int64()), ("tokens", pa.int64()), ("reward", pa.float64()),
+    ("finish_reason", pa.string()), ("turns", pa.string()), ("completed_seq", pa.int64()), ("tokens", pa.int64()), ("reward", pa.float64()),
     ("passed", pa.bool_()), ("verdict", pa.string()), ("verifier", pa.string()), ("verifier_version", pa.string()),
     ("detail", pa.string()), ("consumed_by_step", pa.int64()), ("staleness", pa.int64()),
     ("produced_version", pa.int64()), ("produced_digest", pa.string()), ("discarded", pa.string()),

@@ -113,6 +113,16 @@ NOT_EXPORTED: dict[type, str] = {
 """Event kinds no row reads, and why (every kind is one or the other)."""
 
 
+def _turns(turns: tuple) -> list[dict] | None:
+    """A multi-turn completion's turn records as JSON (a call's output bytes in hex); None for
+    one completion."""
+    if not turns:
+        return None
+    return [{**t, "call": None if t["call"] is None else
+             {**{k: v for k, v in t["call"].items() if k != "output"}, "output_hex": t["call"]["output"].hex()}}
+            for t in turns]
+
+
 def _facts(item: tuple[int, ev.Event]) -> Iterator[Any]:
     """The facts an event states about rollouts: ``(rollout_id, (seq, tag, value))``; group
     discards and published digests go to their own outputs (they are joined as side inputs)."""
@@ -120,7 +130,8 @@ def _facts(item: tuple[int, ev.Event]) -> Iterator[Any]:
     if type(e) is ev.RolloutCompleted:
         yield e.rollout_id, (seq, "completed", {
             "worker": e.worker_id, "attempt": e.attempt, "weights_digest": e.weights_digest,
-            "token_ids": e.tokens.tolist(), "logprobs": e.logprobs.tolist(), "finish_reason": e.finish_reason})
+            "token_ids": e.tokens.tolist(), "logprobs": e.logprobs.tolist(), "finish_reason": e.finish_reason,
+            "turns": _turns(e.turns)})
     elif type(e) is ev.OutcomeRecorded:
         yield e.rollout_id, (seq, "scored", {
             "reward": e.reward, "passed": e.passed, "verdict": e.verdict, "verifier": e.verifier,
@@ -164,7 +175,7 @@ def _row(run_id: str, rollout_id: int, facts: Iterable[tuple[int, str, dict]],
     completed = first.get("completed")
     row.update(completed[1] if completed else {
         "worker": None, "attempt": None, "weights_digest": None, "token_ids": None, "logprobs": None,
-        "finish_reason": None})
+        "finish_reason": None, "turns": None})
     row["completed_seq"] = completed[0] if completed else None
     row["tokens"] = None if completed is None else len(completed[1]["token_ids"])
     scored = first.get("scored")

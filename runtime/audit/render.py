@@ -163,6 +163,11 @@ def rollout(console: Console, doc: dict[str, Any]) -> None:
         console.print(_turns(doc["turns"]))
 
 
+def _escaped(text: str | None) -> str:
+    """A model's or an environment's text on one line: its line breaks shown as ``\\n``."""
+    return "-" if text is None else text.replace("\n", "\\n")
+
+
 def _turns(turns: list[dict[str, Any]]) -> Table:
     """A multi-turn episode turn by turn: the model's ids, its tool call and the ids appended."""
     t = Table("turn", "model sampled", "tool call", "environment appended", title="episode", title_justify="left")
@@ -171,11 +176,11 @@ def _turns(turns: list[dict[str, Any]]) -> Table:
         called = "-" if call is None else (
             f"{call['tool'] or '(malformed)'}: {call['arguments'][:80]!r}\n{call['status']}"
             + (f", exit {call['exit_status']}" if call["exit_status"] is not None else "")
-            + f", {call['wall_s'] * 1000:.1f} ms" + (", output cut" if call["truncated"] else "")
+            + f", {call['wall_s'] * 1000:.2f} ms" + (", output cut" if call["truncated"] else "")
             + (f"\n{call['detail']}" if call["detail"] else ""))
         # Text cells: a model's or a tool's text is shown as it is, never read as markup
-        t.add_row(str(turn["turn"]), Text(f"{turn['sampled']} ids\n{_fmt(turn['sampled_text'])}"), Text(called),
-                  Text(f"{turn['appended']} ids\n{_fmt(turn['appended_text'])}"))
+        t.add_row(str(turn["turn"]), Text(f"{turn['sampled']} ids\n{_escaped(turn['sampled_text'])}"), Text(called),
+                  Text(f"{turn['appended']} ids\n{_escaped(turn['appended_text'])}"))
     return t
 
 

@@ -70,6 +70,11 @@ def test_every_config_field_is_read_by_a_run(tmp_path, field_reads):
     out = str(tmp_path / "run")
     run(config, out, progress=False, log=lambda m: None)
     assert resume(out, progress=False, log=lambda m: None) is None  # finished: read back, nothing to do
+    # and a run of multi-turn episodes with a calculator (the episodes section), resumed the same way
+    tools = dataclasses.replace(config, episodes=cfg.EpisodesConfig(tools=("calculator",), turn_tokens=8),
+                                sampling=dataclasses.replace(config.sampling, max_tokens=24))
+    run(tools, str(tmp_path / "tools"), progress=False, log=lambda m: None)
+    assert resume(str(tmp_path / "tools"), progress=False, log=lambda m: None) is None
     unread = sorted(all_fields() - field_reads)
     assert unread == [], f"config fields nothing reads: {unread}"
     with open_store(out) as store:

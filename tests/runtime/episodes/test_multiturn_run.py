@@ -59,51 +59,31 @@ def _events(out: str) -> list[ev.Event]:
 
 @pytest.mark.slow
 def test_every_trained_row_is_the_recorded_ids_with_only_the_models_ids_trained(tool_run):
-    from runtime.config import Config
-    from runtime.episodes.rollout import rederive, spans
-    from runtime.params import ParamStore
-    from runtime.replay.plan import StepPlan, index_run, stream_replay
-    from runtime.session import build_session, make_trainer
+    from runtime.episodes.check import check_rows
 
-    out, summary = tool_run
-    events = _events(out)
-    completions = [e for e in events if type(e) is ev.RolloutCompleted]
+    out, _ = tool_run
+    completions = [e for e in _events(out) if type(e) is ev.RolloutCompleted]
     assert completions and all(c.turns for c in completions)
     calls = [t["call"] for c in completions for t in c.turns if t["call"] is not None]
-    assert calls, "the warm-started model called no tool"
-    assert any(call["tool"] == "calculator" and call["status"] == "ok" for call in calls)
-
-    started = next(e for e in events if type(e) is ev.RunStarted)
-    config = Config.from_dict(started.config)
-    session = build_session(config, log=lambda m: None, warm=False, engine=False, judge=False)
-    trainer = make_trainer(session, ParamStore.open("memory://rows/"), "rows-check", replay=True)
-    env = session.task.environment(session.codec, tools={})
+    assert any(call["tool"] == "calculator" and call["status"] == "ok" for call in calls), \
+        "the warm-started model made no calculator call that ran"
     with open_store(out) as store:
-        index = index_run(store.read("run"))
-        plans = [p for p in stream_replay(store.read("run"), index, start=0, sampled=False) if isinstance(p, StepPlan)]
-    assert len(plans) == STEPS
-    rows = equal = 0
-    for plan in plans:
-        batch = trainer.prepare(plan.task)[0]
-        for b, r in enumerate(plan.task.rollouts):
-            c = r.completion
-            problem = session.task.problem("train", r.request.prompt_index)
-            prompt = session.codec.encode_prompt(problem)
-            # the environment's ids, re-derived from the sampled ids and the recorded tool results
-            episode = rederive(env, problem, prompt, c.tokens, c.logprobs, c.turns, config.max_tokens)
-            recorded = np.concatenate([prompt, *[np.concatenate([t.sampled, t.appended]) for t in episode.turns]])
-            n = recorded.size
-            model_ids = np.zeros(n, bool)
-            for start, sampled_end, _ in spans(c.turns):
-                model_ids[prompt.size + start: prompt.size + sampled_end] = True
-            rows += 1
-            same = (np.array_equal(batch.tokens_BT[b, :n], recorded) and not batch.attention_BT[b, n:].any()
-                    and np.array_equal(batch.mask_BS[b, : n - 1], model_ids[1:]) and not batch.mask_BS[b, n - 1:].any())
-            equal += same
-            # behaviour log-probs: the engine's on the model's ids, 0 on the environment's
-            assert batch.behaviour_BS[b, : n - 1][model_ids[1:]].tobytes() == \
-                np.concatenate([t.logprobs for t in episode.turns]).tobytes()
-    assert rows == STEPS * 2 * 4 and equal == rows
+        found = check_rows(store, "run")
+    assert found.first_difference is None
+    assert found.rows == found.equal == STEPS * 2 * 4 and found.calls > 0 and found.turns > found.rows
+
+
+@pytest.mark.slow
+def test_a_row_that_is_not_its_record_is_found(tool_run, monkeypatch):
+    """The check can fail: a trainer that also trained the environment's ids is named."""
+    from runtime.episodes import check
+    from runtime.workers import trainer
+
+    out, _ = tool_run
+    monkeypatch.setattr(trainer, "completion_mask", lambda turns, n: np.ones(n, bool))
+    with open_store(out) as store:
+        found = check.check_rows(store, "run")
+    assert found.equal < found.rows and "its mask is not the model's ids" in found.first_difference
 
 
 @pytest.mark.slow
@@ -181,3 +161,22 @@ def test_a_tool_run_killed_twice_and_resumed_ends_on_the_uninterrupted_digest(to
         assert json.load(f)["final_digest"] == reference["final_digest"]
     pstore = ParamStore.open(os.path.join(out, "params"))
     assert check_run(_stored(out), stored={v: pstore.verify(v) for v in pstore.versions()}) == []
+
+
+@pytest.mark.slow
+def test_regenerating_reruns_the_tools_and_names_one_that_answers_otherwise(tool_run, monkeypatch):
+    from runtime.episodes import Status, ToolResult
+    from runtime.replay import replay_run
+
+    out, summary = tool_run
+    report = replay_run(out, regenerate=True)
+    assert report.match and report.rollouts_regenerated == STEPS * 2 * 4
+
+    def drifting(self, arguments):  # a calculator that reads something other than its arguments
+        return ToolResult.of(b"41", 0, 0.001, Status.OK)
+
+    monkeypatch.setattr(Calculator, "run", drifting)
+    report = replay_run(out, regenerate=True)
+    first = report.first_divergence
+    assert not report.match and first.field == "turns" and first.stage == "rollout"
+    assert "tool 'calculator' is not deterministic" in first.message and "output" in first.message
