@@ -470,7 +470,8 @@ def build_task(config: Config, *, judge: bool = True, log: Log = print) -> tuple
     sandbox = None
     reward, recorded = config.verifier.reward, config.verifier.reward_digest
     module = load_reward(reward, recorded) if judge and reward is not None else None  # read before the sandbox
-    if judge and (task.has_code or module is not None):  # the isolation is settled before anything is trained
+    python_tool = "python" in getattr(task, "tools", ())  # a multi-turn task's Python tool runs in the sandbox
+    if judge and (task.has_code or module is not None or python_tool):  # the isolation is settled before anything is trained
         from verifiers.code import CodeVerifier, WeakIsolationRefused
 
         try:

@@ -16,17 +16,18 @@ template and for the built-in character model. ``sampling.EnginePolicy`` drives 
 an episode's ids, one seed per turn (``turn_seed``: purpose ``episode.turn`` of ``runtime.rng``'s
 derivation, to be listed there when the controller uses it).
 
-What remains to wire (later work on the issue): the controller leases one episode per rollout
-(one lease for all its turns, re-issued whole after a kill, regenerating the same turns from the
-same seeds); the engine keeps an episode's KV pages between turns where the pool allows
-(``EnginePolicy`` prefills each turn again from ``Episode.context()`` until then; the ids and
-log-probs do not change); ledger events for every turn's sampled ids and every call's result, with
-``ToolEnvironment.describe()`` (rule name and digest, tools' limits) in the run's config; the
-trainer taking ``Row`` (ids, mask, behaviour log-probs) as a multi-turn row; ``rlx replay``
-driving ``replay_episode`` (and ``--regenerate`` driving ``check_tools``); ``rlx audit rollout``
-showing turns; ``scripts/bench_multiturn.py``. SmolLM2-135M-Instruct, asked greedily or sampled
-with these prompts, wrote no tool call in 12 tries (basic_arithmetic): RL on the tool task wants
-a supervised warm start on tool-use demonstrations (or a forced ``<tool>`` prefix) first.
+In a run (``episodes.tools``): ``rollout.EpisodeSampler`` samples a batch of leases' episodes
+in lockstep, one engine call per turn, and ``RolloutCompleted`` records them (``tokens``: every id
+after the prompt; ``turns``: per turn the ids sampled and appended and the call's record); the
+trainer masks in the sampled ids only (``rollout.completion_mask``), the verifier scores the last
+turn (``rollout.final_ids``), a ``ToolTask``'s warm start trains on worked episodes
+(``ToolTask.demonstration``), ``rlx replay`` re-derives every trained episode from the recorded
+results (``rollout.rederive``), and ``check.check_rows`` compares every trained row with its record.
+Not yet: the engine keeps no KV pages between turns (each turn is prefilled again from the
+episode's ids; keeping them must not change a bit, and a decode-written key is not bit-equal to a
+prefill-written one, so a kept-pages engine has to use them always, in a replay too).
+SmolLM2-135M-Instruct wrote no tool call in 12 tries with these prompts (basic_arithmetic): RL on
+the tool task wants a warm start on worked episodes first (``rlx pretrain`` with ``episodes.tools``).
 """
 
 from runtime.episodes.calculator import CalcError, Calculator

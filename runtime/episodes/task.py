@@ -106,11 +106,23 @@ class ToolTask(Task):
     def supervised_indices(self):
         return self.inner.supervised_indices()
 
+    @property
+    def code_verifier(self):
+        """The run's code verifier: the inner task's (its code tests) and the Python tool's sandbox."""
+        return self.inner.code_verifier
+
+    @code_verifier.setter
+    def code_verifier(self, verifier) -> None:
+        self.inner.code_verifier = verifier
+
     def live_tools(self) -> dict[str, Tool]:
-        """The tools, by name, as they run (the Python tool in the code verifier's sandbox)."""
+        """The tools, by name, as they run: the Python tool in the run's code sandbox (the one
+        ``verifier.isolation`` settled), else in the process-wide default one."""
         from runtime.episodes.python_tool import PythonTool
 
-        made: dict[str, Tool] = {"calculator": Calculator(), "python": PythonTool()}
+        verifier = self.inner.code_verifier
+        made: dict[str, Tool] = {"calculator": Calculator(),
+                                 "python": PythonTool(None if verifier is None else verifier.sandbox)}
         return {name: made[name] for name in self.tools}
 
     def environment(self, codec: TextCodec, tools: Mapping[str, Tool] | None = None, *, score: bool = False) -> ToolEnvironment:

@@ -89,3 +89,15 @@ def test_prompt_lengths_include_the_instructions_and_their_characters_are_checke
     assert chat.max_prompt_tokens(smollm2_codec, limit=4096, why="test") == encoded
     with pytest.raises(UsageError, match="more than the 20 a prompt may have"):
         chat.max_prompt_tokens(smollm2_codec, limit=20, why="test")
+
+
+def test_a_run_with_the_python_tool_settles_its_sandbox_first_and_the_tool_runs_in_it():
+    from runtime.config import load_config
+    from runtime.session import build_task
+
+    config = load_config(None, ['episodes.tools=["calculator", "python"]', 'verifier.isolation="auto"'])
+    task, sandbox = build_task(config, log=lambda m: None)
+    assert sandbox is not None and task.code_verifier is not None  # settled before anything is trained
+    tools = task.live_tools()
+    assert sorted(tools) == ["calculator", "python"] and tools["python"].sandbox is task.code_verifier.sandbox
+    assert tools["python"].run("print(6 * 7)\n").output == b"42\n"
