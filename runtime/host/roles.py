@@ -160,7 +160,8 @@ def role_from_config(role: str, config: Config, params_url: str, log: Log, gang=
     if role != VERIFIER:
         check_process(config.scheduling.mode == DETERMINISTIC)
     if role == INFERENCE:
-        session = build_session(config, log=log, judge=False, warm=False)
+        # an episode's Python tool runs in the code sandbox of the run's verifier.isolation
+        session = build_session(config, log=log, judge="python" in config.episodes.tools, warm=False)
         return InferenceRole.of(session.engine, session.task, session.codec, ParamStore.open(params_url), config)
     if role == VERIFIER:
         return VerifierRole(*build_scoring(config, log=log))  # no model, no engine: nothing to compile
