@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from runtime.episodes.episode import EpisodeError
-from runtime.episodes.rollout import rederive, spans
+from runtime.episodes.rollout import rederive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,18 +71,14 @@ def check_rows(store, run_id: str) -> RowsCheck:
             except EpisodeError as e:
                 first = first or f"step {plan.step} row {b}: {e}"
                 continue
-            recorded = np.concatenate([prompt, *[np.concatenate([t.sampled, t.appended]) for t in episode.turns]])
-            n = recorded.size
-            model = np.zeros(n, bool)
-            for start, sampled_end, _ in spans(c.turns):
-                model[prompt.size + start : prompt.size + sampled_end] = True
+            row = episode.row()  # the prompt, each turn's sampled and appended ids; the model's ids masked
+            n = row.ids.size
             why = None
-            if not (np.array_equal(batch.tokens_BT[b, :n], recorded) and not batch.attention_BT[b, n:].any()):
+            if not (np.array_equal(batch.tokens_BT[b, :n], row.ids) and not batch.attention_BT[b, n:].any()):
                 why = "its ids are not the recorded ids"
-            elif not (np.array_equal(batch.mask_BS[b, : n - 1], model[1:]) and not batch.mask_BS[b, n - 1 :].any()):
+            elif not (np.array_equal(batch.mask_BS[b, : n - 1], row.mask[1:]) and not batch.mask_BS[b, n - 1 :].any()):
                 why = "its mask is not the model's ids"
-            elif batch.behaviour_BS[b, : n - 1][model[1:]].tobytes() != \
-                    np.concatenate([t.logprobs for t in episode.turns]).tobytes():
+            elif batch.behaviour_BS[b, : n - 1][row.mask[1:]].tobytes() != row.logprobs[row.mask].tobytes():
                 why = "its behaviour log-probs are not the recorded ones"
             if why is None:
                 equal += 1

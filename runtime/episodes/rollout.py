@@ -47,9 +47,7 @@ def call_record(call: ToolCall | None) -> dict[str, Any] | None:
     """A turn's tool call as recorded in ``RolloutCompleted.turns``."""
     if call is None:
         return None
-    r = call.result
-    return {"tool": call.tool, "arguments": call.arguments, "output": bytes(r.output), "exit_status": r.exit_status,
-            "wall_s": float(r.wall_s), "truncated": bool(r.truncated), "status": r.status.value, "detail": r.detail}
+    return {"tool": call.tool, "arguments": call.arguments, **call.result.to_dict()}
 
 
 def call_of(record: Mapping[str, Any] | None) -> ToolCall | None:
