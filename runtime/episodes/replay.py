@@ -49,31 +49,49 @@ class RecordedTools:
         return recorded.result
 
 
-def replay_environment(env: ToolEnvironment, episode: Episode) -> ToolEnvironment:
+def replay_environment(env: ToolEnvironment, episode: Episode, *, score: bool = True) -> ToolEnvironment:
     """``env`` with its tools replaced by ``episode``'s recorded results."""
-    replay = ToolEnvironment(env.task, env.turns, env.rule, RecordedTools(episode.calls), max_calls=env.max_calls)
+    replay = ToolEnvironment(env.task, env.turns, env.rule, RecordedTools(episode.calls), max_calls=env.max_calls,
+                             score=score)
     replay.tool_specs = env.tool_specs
     return replay
 
 
-def replay_episode(env: ToolEnvironment, problem: Problem, episode: Episode) -> Episode:
+def within_budget(ids: np.ndarray, left: int) -> np.ndarray:
+    """The result ids that fit in ``left`` ids of an episode's budget (all, or the first ``left``)."""
+    return ids[:max(left, 0)]
+
+
+def replay_episode(env: ToolEnvironment, problem: Problem, episode: Episode, *,
+                   max_tokens: int | None = None) -> Episode:
     """Re-derive ``episode`` from its recorded sampled ids with no tool run, and check that every
-    turn's appended ids, call and the reward equal the record."""
-    replay = replay_environment(env, episode)
+    turn's appended ids, call, where it ends and (for a finished episode) the reward equal the
+    record; else ``EpisodeDivergence`` naming the turn.
+
+    ``max_tokens``, an episode's whole budget after the prompt (``EpisodeSampler``'s), cuts a result
+    that does not fit and ends the episode when the budget is spent, as sampling did. An episode
+    without a reward (a run's, scored by its verifier) is re-derived without scoring."""
+    score = episode.reward is not None
+    replay = replay_environment(env, episode, score=score)
     derived = Episode(replay.reset(problem))
     if not np.array_equal(derived.prompt, episode.prompt):
         raise EpisodeDivergence("the prompt ids differ from the record")
+    used = 0
     for i, turn in enumerate(episode.turns, 1):
+        used += turn.sampled.size
         result = replay.step(turn.sampled)
-        if not np.array_equal(result.ids, turn.appended):
+        appended = result.ids if max_tokens is None else within_budget(result.ids, max_tokens - used)
+        used += appended.size
+        if not np.array_equal(appended, turn.appended):
             raise EpisodeDivergence(f"turn {i}: the appended ids differ from the record")
         if result.call != turn.call:
             raise EpisodeDivergence(f"turn {i}: the tool call differs from the record")
-        derived = derived.add(dataclasses.replace(turn, appended=result.ids, call=result.call))
-        if result.done != (i == len(episode.turns)):
-            raise EpisodeDivergence(f"turn {i}: the replay {'ends' if result.done else 'goes on'} where the record "
-                                    f"{'goes on' if result.done else 'ends'}")
-        if result.done:
+        derived = derived.add(dataclasses.replace(turn, appended=appended, call=result.call))
+        ends = result.done or (max_tokens is not None and used >= max_tokens)
+        if ends != (i == len(episode.turns)):
+            raise EpisodeDivergence(f"turn {i}: the replay {'ends' if ends else 'goes on'} where the record "
+                                    f"{'goes on' if ends else 'ends'}")
+        if result.done and score:
             derived = derived.finish(result.reward)
     if derived.reward != episode.reward:
         raise EpisodeDivergence(f"the reward {derived.reward} differs from the recorded {episode.reward}")

@@ -31,7 +31,7 @@ import numpy as np
 
 from runtime.episodes.environment import StepKind, ToolEnvironment
 from runtime.episodes.episode import Episode, EpisodeError, Turn
-from runtime.episodes.replay import EpisodeDivergence, RecordedTools
+from runtime.episodes.replay import replay_episode, within_budget
 from runtime.episodes.sampling import turn_seed
 from runtime.episodes.tools import MAX_RESULT_BYTES, Status, ToolCall, ToolResult
 from runtime.tasks.base import Problem
@@ -186,11 +186,6 @@ def _call_problem(call: Any) -> str | None:
     return None
 
 
-def _appended(ids: np.ndarray, left: int) -> np.ndarray:
-    """The result ids that fit in ``left`` ids of the budget (all, or the first ``left``)."""
-    return ids[:max(left, 0)]
-
-
 class EpisodeSampler:
     """Samples episodes with an engine, all of a batch together, turn by turn.
 
@@ -221,7 +216,7 @@ class EpisodeSampler:
                 sampled = np.asarray(c.tokens, np.int32)
                 used[i] += sampled.size
                 result = envs[i].step(sampled)
-                appended = _appended(result.ids, params[i].max_tokens - used[i])
+                appended = within_budget(result.ids, params[i].max_tokens - used[i])
                 used[i] += appended.size
                 episodes[i] = episodes[i].add(Turn(sampled, np.asarray(c.logprobs, np.float32), appended, result.call))
                 if result.kind is StepKind.TOOL_RESULT and used[i] < params[i].max_tokens:
@@ -234,29 +229,10 @@ class EpisodeSampler:
 
 def rederive(env: ToolEnvironment, problem: Problem, prompt: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
              turns: Sequence[Mapping[str, Any]], max_tokens: int) -> Episode:
-    """Re-derive a recorded episode from its sampled ids with the recorded tool results (no tool
-    runs): every appended id and call must equal the record, and the episode must end where the
-    record ends; else ``EpisodeDivergence`` naming the turn."""
-    episode = episode_of(prompt, tokens, logprobs, turns)
-    replay = ToolEnvironment(env.task, env.turns, env.rule, RecordedTools(episode.calls), max_calls=env.max_calls,
-                             score=False)
-    if not np.array_equal(replay.reset(problem), episode.prompt):
-        raise EpisodeDivergence("the prompt ids differ from the record")
-    used = 0
-    for i, turn in enumerate(episode.turns, 1):
-        used += turn.sampled.size
-        result = replay.step(turn.sampled)
-        appended = _appended(result.ids, max_tokens - used)
-        used += appended.size
-        if not np.array_equal(appended, turn.appended):
-            raise EpisodeDivergence(f"turn {i}: the appended ids differ from the record")
-        if result.call != turn.call:
-            raise EpisodeDivergence(f"turn {i}: the tool call differs from the record")
-        ends = result.kind is StepKind.FINAL or used >= max_tokens
-        if ends != (i == len(episode.turns)):
-            raise EpisodeDivergence(f"turn {i}: the replay {'ends' if ends else 'goes on'} where the record "
-                                    f"{'goes on' if ends else 'ends'}")
-    return episode
+    """Re-derive a recorded episode (a ``RolloutCompleted``'s prompt, tokens, log-probs and turns)
+    from its sampled ids with the recorded tool results and the episode's budget
+    (``replay_episode``: no tool runs); ``EpisodeDivergence`` names the turn that differs."""
+    return replay_episode(env, problem, episode_of(prompt, tokens, logprobs, turns), max_tokens=max_tokens)
 
 
 __all__ = ["EpisodeSampler", "SampledEpisode", "call_of", "call_record", "completion_mask", "episode_of",
