@@ -1,4 +1,4 @@
-"""``scripts/device_check`` end to end on the CPU (where it implies ``--small``): two 20-step demo
+"""``scripts/device_check`` end to end on the CPU (where it implies ``--small``): two 6-step demo
 runs, their replay and layout, the engine against Hugging Face and a reduced 0.5B-shaped step, and
 the last-line JSON with every key the check promises."""
 
@@ -19,8 +19,8 @@ KEYS = ("backend", "devices", "layout", "demo_steps_per_min", "demo_gain_pts", "
 @pytest.mark.slow
 def test_device_check_on_the_cpu_runs_every_part_and_ends_on_one_json_line(tmp_path):
     pytest.importorskip("transformers")
-    done = subprocess.run([os.path.join(ROOT, "scripts", "device_check"), "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([os.path.join(ROOT, "scripts", "device_check"), "--out", str(tmp_path), "--steps", "6"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(KEYS) <= set(result)

@@ -134,7 +134,6 @@ class SlotCgroup:
 
     def __init__(self, hierarchies: Sequence[Hierarchy], name: str):
         self.dirs: dict[int, dict[str, str]] = {}  # version -> controller -> directory
-        self._set: dict[str, str] = {}
         self._oom_base = self._pids_base = 0
         for h in hierarchies:
             path = os.path.join(h.own_dir, name)
@@ -154,10 +153,17 @@ class SlotCgroup:
         name = {1: "tasks", 2: "cgroup.procs"}
         return sorted({os.path.join(d, name[v]) for v, by in self.dirs.items() for d in by.values()})
 
-    def _set_once(self, path: str, value: str) -> None:
-        if self._set.get(path) != value:
-            _write(path, value)
-            self._set[path] = value
+    @staticmethod
+    def _set_once(path: str, value: str) -> None:
+        """Write ``value`` unless the kernel already holds it. The kernel's value, not one noted
+        here, decides: a slot's directory outlives the sandbox that set it, and another sandbox of
+        the same slot uid (in this process or another) may have set other limits since."""
+        try:
+            if _read(path).strip() == value:
+                return
+        except OSError:
+            pass
+        _write(path, value)
 
     def prepare(self, memory_bytes: int, processes: int) -> None:
         """Set the limits for the next run (whole run) and note the counters it starts from."""
@@ -179,8 +185,12 @@ class SlotCgroup:
         limit = os.path.join(d, "memory.limit_in_bytes")
         memsw = os.path.join(d, "memory.memsw.limit_in_bytes")
         files = [limit] + ([memsw] if os.path.exists(memsw) else [])
-        if self._set.get(limit) is not None and int(self._set[limit]) < memory_bytes:
-            files.reverse()  # raising: memory+swap first, it may never be below memory
+        try:
+            raising = int(_read(limit)) < memory_bytes
+        except (OSError, ValueError):
+            raising = False
+        if raising:
+            files.reverse()  # memory+swap first: it may never be below memory
         for path in files:
             try:
                 self._set_once(path, str(memory_bytes))
