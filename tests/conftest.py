@@ -76,3 +76,12 @@ def pg_url():
     finally:
         admin.execute(f"DROP SCHEMA {schema} CASCADE")
         admin.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with end-to-end (``slow``) tests first, each file's tests kept together and in
+    order. ``scripts/test`` hands whole files to its two workers in this order
+    (``--dist loadfile --no-loadscope-reorder``), so the short files fill the end of the run
+    instead of one long end-to-end file starting last and running alone."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: collection order otherwise

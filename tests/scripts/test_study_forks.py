@@ -55,13 +55,14 @@ def test_a_bad_option_is_one_line_and_runs_nothing(tmp_path, extra, message):
 
 @pytest.mark.slow
 def test_the_smallest_study_pairs_forks_and_independent_seeds(tmp_path):
-    """3 steps forked at version 2, seeds 0 and 1; a warm start of 200 steps on two-digit sums
-    so that pass rates are not all 0."""
+    """3 steps forked at version 2 with another learning rate, seeds 0 and 1; a warm start of 200
+    steps on two-digit sums so that pass rates are not all 0. (A fork that changes nothing ends on
+    its parent's weights: tests/runtime/test_fork.py.)"""
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
                             for a in range(10) for b in range(10)), encoding="utf-8")
     argv = [sys.executable, SCRIPT, "--steps", "3", "--at", "2", "--seeds", "0", "1", "--eval-size", "20",
-            "--out", str(tmp_path / "out"), "--setting", "same", "--setting", "lr", "trainer.learning_rate=3e-2"]
+            "--out", str(tmp_path / "out"), "--setting", "lr", "trainer.learning_rate=3e-2"]
     for o in [*TINY, "pretrain.steps=200", "pretrain.batch_size=32", "trainer.learning_rate=1e-2",
               "sampling.max_tokens=4", "data.task=jsonl", f'data.path="{data}"', "data.eval_fraction=0.2",
               f'pretrain.cache_dir="{tmp_path / "warm"}"']:
@@ -70,7 +71,7 @@ def test_the_smallest_study_pairs_forks_and_independent_seeds(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (result["steps"], result["at"], result["seeds"]) == (3, 2, [0, 1])
-    assert sorted(result["results"]) == ["lr", "same"]
+    assert sorted(result["results"]) == ["lr"]
     with open(result["table"], encoding="utf-8") as f:
         table = f.read()
     with open(result["figure"], "rb") as f:
@@ -83,9 +84,8 @@ def test_the_smallest_study_pairs_forks_and_independent_seeds(tmp_path):
             assert lo <= r[f"{arm}_diff"] <= hi and -1.0 <= r[f"{arm}_diff"] <= 1.0 and r[f"{arm}_var"] >= 0.0
         assert r["wall_ratio"] > 0.0 and r["fork_arm_s"] > 0.0 and r["independent_arm_s"] > 0.0
         assert f"| {label} |" in table
-    same = result["results"]["same"]
-    assert same["same_final_digest"] == [True, True]  # a fork that changes nothing ends on its parent's weights
-    assert same["fork_pass"] == same["parent_pass"]
-    assert same["paired_diff"] == 0.0 and same["paired_ci"] == [0.0, 0.0] and same["variance_ratio"] is None
-    assert max(same["parent_pass"]) > 0.0  # the warm start answers some held-out sums
+    lr = result["results"]["lr"]
+    assert lr["same_final_digest"] == [False, False]  # another learning rate from version 2 on moves the weights
+    assert lr["paired_diff"] == pytest.approx(sum(f - p for f, p in zip(lr["fork_pass"], lr["parent_pass"], strict=True)) / 2)
+    assert max(lr["parent_pass"]) > 0.0  # the warm start answers some held-out sums
     assert "rlx fork PARENT --at 2" in table
