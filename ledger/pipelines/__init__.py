@@ -37,14 +37,38 @@ def _refuse_existing(out: str) -> None:
                           "choose another directory or remove those files")
 
 
+OPEN_PORTS_ENV = "RLX_ALLOW_BEAM_GRPC"
+"""Set to ``1`` to let a pipeline run in a mode that starts Beam's own gRPC servers, which listen
+on every network interface and take no token."""
+
+
+def _open_ports(known: dict) -> str | None:
+    """The option that makes Beam start its own gRPC servers on every interface, if any: the
+    direct runner's multi-threading and multi-processing modes (workers over gRPC), and a portable
+    runner with no job endpoint of its own (a local job service)."""
+    mode = known.get("direct_running_mode")
+    if mode in ("multi_threading", "multi_processing"):
+        return f"--direct_running_mode={mode}"
+    runner = known.get("runner") or ""
+    if runner.rsplit(".", 1)[-1] == "PortableRunner" and known.get("job_endpoint") in (None, "embed"):
+        return f"--runner={runner} without --job_endpoint"
+    return None
+
+
 def _pipeline(options):
-    """A Beam pipeline on ``options``; unknown options and runners are errors, not warnings."""
+    """A Beam pipeline on ``options``; unknown options and runners are errors, not warnings, and so
+    is a mode that opens Beam's unauthenticated gRPC ports on every interface, unless
+    ``$RLX_ALLOW_BEAM_GRPC`` is ``1``."""
     import apache_beam as beam
 
     known = options.get_all_options()
     unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - set(known))
     if unknown:
         raise LedgerError(f"unknown Beam pipeline options: {', '.join('--' + u for u in unknown)}")
+    wide = _open_ports(known)
+    if wide is not None and os.environ.get(OPEN_PORTS_ENV) != "1":
+        raise LedgerError(f"{wide} starts Beam's gRPC servers on every network interface with no token; run "
+                          f"in-process (the default), or set {OPEN_PORTS_ENV}=1 on a host whose network you trust")
     try:
         return beam.Pipeline(options=options)
     except ValueError as e:

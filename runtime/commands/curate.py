@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compute each prompt's pass rate over a run's scored rollouts (from the policy versions chosen) "
                     "and write the prompts whose pass rate is in the band as JSONL data rows for `rlx run --data`, "
                     "plus one statistics row per sampled prompt. Arguments after -- are Beam pipeline options, e.g. "
-                    "-- --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing")
+                    "-- --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing "
+                    "(with RLX_ALLOW_BEAM_GRPC=1: that mode opens Beam's gRPC ports on every interface, with no token)")
     p.add_argument("target", metavar="RUN", help="run directory, ledger URL or SQLite file")
     p.add_argument("--run", dest="run_id", help="the run (needed when the ledger holds several)")
     p.add_argument("--out", required=True, help="the curated JSONL data file")

@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                     "and completion text into OUT/rollouts-*.jsonl, per-version statistics into "
                                     "OUT/versions-*.jsonl and per-step rows into OUT/steps-*.jsonl, with an Apache Beam "
                                     "pipeline. Arguments after -- are Beam pipeline options, e.g. "
-                                    "-- --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing")
+                                    "-- --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing "
+                                    "(with RLX_ALLOW_BEAM_GRPC=1: that mode opens Beam's gRPC ports on every interface, with no token)")
     target(sp)
     sp.add_argument("--out", required=True, help="output directory (or a URL the Beam runner can write)")
     sp.add_argument("--range-events", type=int, default=20_000, help="events per parallel read (default 20000)")

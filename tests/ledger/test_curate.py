@@ -5,6 +5,7 @@ multi-processing mode writes the same files."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -92,14 +93,28 @@ def test_versions_and_band_choose_rollouts_and_prompts(golden, tmp_path):
 
 
 @pytest.mark.slow
-def test_multi_processing_writes_the_same_files(golden, tmp_path):
+def test_multi_processing_writes_the_same_files(golden, tmp_path, monkeypatch):
     _, path, out = golden
+    monkeypatch.setenv("RLX_ALLOW_BEAM_GRPC", "1")  # the mode opens Beam's gRPC ports on every interface
     mp = str(tmp_path / "mp.jsonl")
     assert main(["curate", path, "--out", mp, "--range-events", "17", "--", "--runner=DirectRunner",
                  "--direct_running_mode=multi_processing", "--direct_num_workers=2"]) == 0
     for suffix in ("", ".stats.jsonl"):
         with open(out + suffix, "rb") as a, open(mp + suffix, "rb") as b:
             assert a.read() == b.read()
+
+
+@pytest.mark.parametrize("options", [["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+                                     ["--direct_running_mode=multi_threading"], ["--runner=PortableRunner"]])
+def test_a_mode_that_opens_beams_grpc_ports_is_refused_unless_allowed(golden, tmp_path, monkeypatch, capsys, options):
+    _, path, _ = golden
+    monkeypatch.delenv("RLX_ALLOW_BEAM_GRPC", raising=False)
+    out = tmp_path / "c.jsonl"
+    assert main(["curate", path, "--out", str(out), "--", *options]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "starts Beam's gRPC servers on every network interface with no token" in err[0]
+    assert options[0].split("=")[0] in err[0] and "RLX_ALLOW_BEAM_GRPC=1" in err[0]
+    assert not os.path.exists(out) and not os.path.exists(str(out) + ".stats.jsonl")
 
 
 def test_postgresql_ledger_gives_the_same_files(golden, pg_url, tmp_path):
