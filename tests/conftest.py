@@ -78,7 +78,7 @@ def pg_url():
         admin.close()
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(items):
     """The files with end-to-end (``slow``) tests first, each file's tests kept together and in
     order. ``scripts/test`` hands whole files to its two workers in this order
     (``--dist loadfile --no-loadscope-reorder``), so the short files fill the end of the run

@@ -154,7 +154,7 @@ class SlotCgroup:
         return sorted({os.path.join(d, name[v]) for v, by in self.dirs.items() for d in by.values()})
 
     @staticmethod
-    def _set_once(path: str, value: str) -> None:
+    def _write_limit(path: str, value: str) -> None:
         """Write ``value`` unless the kernel already holds it. The kernel's value, not one noted
         here, decides: a slot's directory outlives the sandbox that set it, and another sandbox of
         the same slot uid (in this process or another) may have set other limits since."""
@@ -171,14 +171,14 @@ class SlotCgroup:
         if memory is not None:
             version, d = memory
             if version == 2:
-                self._set_once(os.path.join(d, "memory.max"), str(memory_bytes))
+                self._write_limit(os.path.join(d, "memory.max"), str(memory_bytes))
                 if os.path.exists(os.path.join(d, "memory.swap.max")):
-                    self._set_once(os.path.join(d, "memory.swap.max"), "0")
+                    self._write_limit(os.path.join(d, "memory.swap.max"), "0")
             else:
                 self._set_v1_memory(d, memory_bytes)
         pids = self._dir("pids")
         if pids is not None:
-            self._set_once(os.path.join(pids[1], "pids.max"), str(processes + SANDBOX_PROCESSES))
+            self._write_limit(os.path.join(pids[1], "pids.max"), str(processes + SANDBOX_PROCESSES))
         self._oom_base, self._pids_base = self._oom_kills(), self._pids_refused()
 
     def _set_v1_memory(self, d: str, memory_bytes: int) -> None:
@@ -193,10 +193,10 @@ class SlotCgroup:
             files.reverse()  # memory+swap first: it may never be below memory
         for path in files:
             try:
-                self._set_once(path, str(memory_bytes))
+                self._write_limit(path, str(memory_bytes))
             except OSError:  # below what the cgroup still holds (page cache of earlier runs)
                 _write(os.path.join(d, "memory.force_empty"), "0")
-                self._set_once(path, str(memory_bytes))
+                self._write_limit(path, str(memory_bytes))
 
     def _oom_kills(self) -> int:
         memory = self._dir("memory")
