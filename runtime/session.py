@@ -117,15 +117,6 @@ def tool_task(config: Config, inner):
                     turn_tokens=e.turn_tokens)
 
 
-def episode_buckets(longest_prompt: int, width: int) -> tuple[int, ...]:
-    """Prefill lengths for multi-turn episodes, whose later turns continue from longer contexts:
-    the longest prompt, then doubling, up to ``width - 1`` (the longest context a turn samples from)."""
-    buckets = [longest_prompt]
-    while buckets[-1] < width - 1:
-        buckets.append(min(2 * buckets[-1], width - 1))
-    return tuple(buckets)
-
-
 @dataclasses.dataclass(frozen=True)
 class EngineShape:
     """The inference engine's static shape; the bits of every completion follow from it.
@@ -168,7 +159,7 @@ class EngineShape:
             raise UsageError(f"inference.kv_pages: {pages} is not accepted; the pool must hold one longest sequence "
                              f"({width} tokens: {pages_per_seq} pages of {page_size}), so at least {pages_per_seq}")
         return cls(min(w.inference_batch, w.inference_slots), page_size, pages_per_seq,
-                   episode_buckets(longest_prompt, width) if config.episodes.tools else (longest_prompt,),
+                   (longest_prompt,),
                    attention, MeshShape.of(config.inference.mesh).model, pages)
 
     @classmethod

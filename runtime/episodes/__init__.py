@@ -17,15 +17,15 @@ an episode's ids, one seed per turn (``turn_seed``: purpose ``episode.turn`` of 
 derivation, to be listed there when the controller uses it).
 
 In a run (``episodes.tools``): ``rollout.EpisodeSampler`` samples a batch of leases' episodes
-in lockstep, one engine call per turn, and ``RolloutCompleted`` records them (``tokens``: every id
-after the prompt; ``turns``: per turn the ids sampled and appended and the call's record); the
-trainer masks in the sampled ids only (``rollout.completion_mask``), the verifier scores the last
-turn (``rollout.final_ids``), a ``ToolTask``'s warm start trains on worked episodes
-(``ToolTask.demonstration``), ``rlx replay`` re-derives every trained episode from the recorded
-results (``rollout.rederive``), and ``check.check_rows`` compares every trained row with its record.
-Not yet: the engine keeps no KV pages between turns (each turn is prefilled again from the
-episode's ids; keeping them must not change a bit, and a decode-written key is not bit-equal to a
-prefill-written one, so a kept-pages engine has to use them always, in a replay too).
+in one engine call, each episode a request that goes on after every turn on the KV pages it holds
+(the engine feeds the appended ids through its decode step; everything after the prompt is always
+decode-written, so a preempted episode, ``EnginePolicy`` and a replay get the same bits), and
+``RolloutCompleted`` records them (``tokens``: every id after the prompt; ``turns``: per turn the
+ids sampled and appended and the call's record); the trainer masks in the sampled ids only
+(``rollout.completion_mask``), the verifier scores the last turn (``rollout.final_ids``), a
+``ToolTask``'s warm start trains on worked episodes (``ToolTask.demonstration``), ``rlx replay``
+re-derives every trained episode from the recorded results (``rollout.rederive``), and
+``check.check_rows`` compares every trained row with its record.
 SmolLM2-135M-Instruct wrote no tool call in 12 tries with these prompts (basic_arithmetic): RL on
 the tool task wants a warm start on worked episodes first (``rlx pretrain`` with ``episodes.tools``).
 """

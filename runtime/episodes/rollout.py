@@ -13,9 +13,10 @@ one turn samples at most ``episodes.turn_tokens`` of it. A tool result that does
 is left is cut to fit and the episode ends there; an episode ends with ``"length"`` exactly when it
 used the whole budget, else ``"stop"`` (the rule ``ledger``'s admission checks for every rollout).
 
-``EpisodeSampler`` samples a batch of episodes together: each turn, one ``engine.generate`` over
-the episodes still going, each continuing from its own ids with the seed of (rollout seed, turn)
-(``turn_seed``); the engine's batch invariance makes each episode independent of the others.
+``EpisodeSampler`` samples a batch of episodes in one ``engine.generate``: each episode is a
+request that goes on after every turn with the ids its environment appended, on the KV pages it
+already holds, and samples each turn with the seed of (rollout seed, turn) (``turn_seed``); the
+engine's batch invariance makes each episode independent of the others.
 ``rederive`` goes the other way for a replay: from a recorded completion it re-derives every
 appended id with the recorded tool results (``RecordedTools``; no tool runs) and says where it
 differs from the record.
@@ -34,6 +35,8 @@ from runtime.episodes.episode import Episode, EpisodeError, Turn
 from runtime.episodes.replay import replay_episode, within_budget
 from runtime.episodes.sampling import turn_seed
 from runtime.episodes.tools import MAX_RESULT_BYTES, Status, ToolCall, ToolResult
+from runtime.errors import UsageError
+from runtime.inference.requests import Continuation
 from runtime.tasks.base import Problem
 
 FINISH_STOP, FINISH_LENGTH = "stop", "length"
@@ -187,10 +190,19 @@ def _call_problem(call: Any) -> str | None:
 
 
 class EpisodeSampler:
-    """Samples episodes with an engine, all of a batch together, turn by turn.
+    """Samples episodes with an engine, all of a batch in one ``engine.generate``.
+
+    Each episode is one request of the engine that goes on turn after turn (``then``): when a
+    turn ends, its environment steps on the sampled ids, and the ids it appends are fed in the
+    request's slot, on the KV pages the episode already holds (kept while the pool allows; a
+    preempted episode is recomputed to the same bits), before the next turn is sampled with the
+    seed of (rollout seed, turn) (``turn_seed``). Episodes enter and leave slots as they end, not
+    turn by turn in lockstep, and the engine's batch invariance makes each episode independent of
+    the others.
 
     Args:
-      engine: a ``runtime.inference.Engine`` whose prefill buckets reach ``width - 1`` ids.
+      engine: a ``runtime.inference.Engine`` whose prefill buckets hold the prompts and whose
+        ``max_seq_len`` holds a prompt and an episode's whole budget.
       environment: makes a fresh ``ToolEnvironment`` (one per episode of a batch).
       turn_tokens: most ids one turn samples.
     """
@@ -202,29 +214,33 @@ class EpisodeSampler:
         """One episode per problem; ``params[i].max_tokens`` is episode ``i``'s whole budget."""
         envs = [self.environment() for _ in problems]
         episodes = [Episode(env.reset(p)) for env, p in zip(envs, problems, strict=True)]
+        for i, (e, p) in enumerate(zip(episodes, params, strict=True)):
+            if e.prompt.size + p.max_tokens > self.engine.max_seq_len:
+                raise UsageError(f"episode {i}: a prompt of {e.prompt.size} ids and sampling.max_tokens "
+                                 f"{p.max_tokens} exceed the engine's max_seq_len {self.engine.max_seq_len}")
         used = [0] * len(problems)
-        going = list(range(len(problems)))
-        for turn in range(MAX_TURNS):
-            if not going:
-                break
-            turn_params = [dataclasses.replace(params[i], max_tokens=min(self.turn_tokens, params[i].max_tokens - used[i]))
-                           for i in going]
-            done = self.engine.generate([episodes[i].context() for i in going], turn_params,
-                                        [turn_seed(int(seeds[i]), turn) for i in going])
-            still = []
-            for i, c in zip(going, done, strict=True):
-                sampled = np.asarray(c.tokens, np.int32)
-                used[i] += sampled.size
-                result = envs[i].step(sampled)
-                appended = within_budget(result.ids, params[i].max_tokens - used[i])
-                used[i] += appended.size
-                episodes[i] = episodes[i].add(Turn(sampled, np.asarray(c.logprobs, np.float32), appended, result.call))
-                if result.kind is StepKind.TOOL_RESULT and used[i] < params[i].max_tokens:
-                    still.append(i)
-            going = still
-        if going:
-            raise EpisodeError(f"{len(going)} episodes did not end within {MAX_TURNS} turns")
+
+        def then(i: int, turn: Any) -> Continuation | None:
+            sampled = np.asarray(turn.tokens, np.int32)
+            used[i] += sampled.size
+            result = envs[i].step(sampled)
+            appended = within_budget(result.ids, params[i].max_tokens - used[i])
+            used[i] += appended.size
+            episodes[i] = episodes[i].add(Turn(sampled, np.asarray(turn.logprobs, np.float32), appended, result.call))
+            if result.kind is not StepKind.TOOL_RESULT or used[i] >= params[i].max_tokens:
+                return None
+            k = len(episodes[i].turns)
+            if k >= MAX_TURNS:
+                raise EpisodeError(f"episode {i} did not end within {MAX_TURNS} turns")
+            return Continuation(appended, self._turn(params[i], used[i]), turn_seed(int(seeds[i]), k))
+
+        self.engine.generate([e.prompt for e in episodes], [self._turn(p, 0) for p in params],
+                             [turn_seed(int(s), 0) for s in seeds], then=then)
         return [recorded(e, p.max_tokens) for e, p in zip(episodes, params, strict=True)]
+
+    def _turn(self, params: Any, used: int) -> Any:
+        """A turn's sampling params: at most ``turn_tokens`` of what is left of the episode's budget."""
+        return dataclasses.replace(params, max_tokens=min(self.turn_tokens, params.max_tokens - used))
 
 
 def rederive(env: ToolEnvironment, problem: Problem, prompt: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,

@@ -19,6 +19,18 @@ depend on the other requests, the slot it runs in, when it is admitted, or wheth
 same bucket, and the tokens it had generated are fed back through the same decode step, which
 rebuilds its cache bit for bit. The engine checks those bits as it replays.
 
+A request may have several turns (an episode's, ``runtime.episodes``): when a turn ends, the
+engine asks ``then`` whether the request goes on and receives the ids to feed after it (a tool
+result, the chat template's markers) and the next turn's parameters and seed. The request keeps
+its slot and its KV pages, drops what its slot decoded after the turn's last token, and feeds the
+new ids through the same decode step, each overwriting a position the slot may have written past
+the turn's end; then it samples. Everything after a request's prompt, sampled or fed, is thus
+written by the decode step, so a request preempted between or within turns is rebuilt bit for bit
+by the same recompute (prefill the prompt, feed the rest), and a request given the same ids as a
+``feeds`` entry (feed them, then sample) gets the bits the continued one gets: keeping the pages
+saves work and changes nothing. Pages are kept as long as the pool allows, that is, unless the
+request is preempted.
+
 Requests admitted together with the same prompt (a group of samples of one prompt) are prefilled
 once, and its full pages are held once: the others reference the first one's full prompt pages
 (``PagePool.share``) and get a copy of only its last, partially filled prompt page, the first page
@@ -32,7 +44,7 @@ pages with.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +54,7 @@ from kernels.paged_attention import IMPLS
 from runtime.errors import RlxError, UsageError
 from runtime.inference import scheduler
 from runtime.inference.pages import PagePool, pages_for
-from runtime.inference.requests import Completion, GenerateStats, check_requests
+from runtime.inference.requests import Completion, Continuation, GenerateStats, check_continuation, check_requests
 from runtime.inference.sampling import SamplingParams, finish_reason
 from runtime.inference.steps import copy_prompts, decode_steps, prefill_into_slots
 from runtime.model import Model, init_cache
@@ -290,6 +302,8 @@ class Engine:
         seeds: Sequence[int],
         *,
         batching: str = "continuous",
+        feeds: Sequence[Sequence[int] | np.ndarray] | None = None,
+        then: Callable[[int, Completion], Continuation | None] | None = None,
     ) -> list[Completion]:
         """Complete every prompt; ``completions[i]`` belongs to ``prompts[i]``.
 
@@ -300,46 +314,62 @@ class Engine:
           batching: ``"continuous"`` (a request enters as soon as a slot and pages are free) or
             ``"static"`` (a new batch starts only when the whole previous batch has finished).
             The completions are the same either way; only the time differs.
+          feeds: per prompt, ids that follow it and are fed through the decoder, not sampled,
+            before sampling starts (an episode's ids after its first prompt); None, none.
+          then: called with ``(request, completion)`` whenever one of a request's turns ends;
+            a ``Continuation`` makes the request go on in its slot, on its pages (see the module
+            docstring), None ends it. Without it every request has one turn.
+
+        Returns:
+          Each request's last turn.
 
         Raises:
-          UsageError: a prompt, seed or parameter is not accepted (the message names it).
+          UsageError: a prompt, seed, feed, parameter or continuation is not accepted (the
+            message names it).
         """
         if batching not in BATCHING:
             raise UsageError(
                 f"batching={batching!r} is not accepted; accepted: {', '.join(BATCHING)}"
             )
-        prompts, params, key_data = check_requests(
+        prompts, params, key_data, feeds = check_requests(
             prompts, params, seeds, vocab_size=self.config.vocab_size,
             max_prompt_len=self.buckets[-1], max_seq_len=self.max_seq_len,
-            page_size=self.page_size, num_pages=self._empty_pool.capacity,
+            page_size=self.page_size, num_pages=self._empty_pool.capacity, feeds=feeds,
         )
         try:
-            return self._run(prompts, params, key_data, static=batching == "static")
+            return self._run(prompts, params, key_data, feeds, then, static=batching == "static")
         except BaseException:
             self._reset_buffers()  # donated buffers may be gone mid-step
             raise
 
-    def _run(self, prompts, params, key_data, *, static: bool) -> list[Completion]:
+    def _run(self, prompts, params, key_data, feeds, then, *, static: bool) -> list[Completion]:
         n = len(prompts)
         lengths = [p.size for p in prompts]
-        # The tokens a request has cached once it drew its last token (a step feeds the token it
-        # draws): a decode call never takes a request past it.
-        ends = [lengths[i] + params[i].max_tokens for i in range(n)]
-        sampling = (
-            np.array([p.temperature for p in params], np.float32),
-            np.array([p.top_k for p in params], np.int32),
-            np.array([p.top_p for p in params], np.float32),
-        )
+        params, key_data = list(params), key_data.copy()
+        # Each request's ids after its prompt, fed or sampled, and the log-prob of each sampled
+        # one (None where fed): what a readmitted request feeds again.
+        history: list[list[int]] = [f.tolist() for f in feeds]
+        logprobs: list[list[np.float32 | None]] = [[None] * f.size for f in feeds]
+        starts = [f.size for f in feeds]  # where the current turn's ids start in the history
+        # Per request, each turn's temperature and where each ended turn's sampled ids end in the
+        # history: a token sampled in an earlier turn and fed again after a preemption gets its
+        # log-prob at its own turn's temperature, to be checked (``_turn_of``).
+        temperatures: list[list[float]] = [[p.temperature] for p in params]
+        turn_ends: list[list[int]] = [[] for _ in range(n)]
+        # The tokens a request has cached once it drew its turn's last token (a step feeds the
+        # token it draws): a decode call never takes a request past it.
+        ends = [lengths[i] + starts[i] + params[i].max_tokens for i in range(n)]
+        sampling = (np.array([p.top_k for p in params], np.int32), np.array([p.top_p for p in params], np.float32))
         stops = [p.stop_ids(self.config.eos_token_ids) for p in params]
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[np.float32]] = [[] for _ in range(n)]
-        reasons: list[str | None] = [None] * n
+        last: list[Completion | None] = [None] * n
         groups = None
         if self.share_prompts:
             firsts: dict[bytes, int] = {}
             groups = [firsts.setdefault(p.tobytes(), i) for i, p in enumerate(prompts)]
         state = scheduler.Schedule.start(n, max_slots=self.max_slots, pool=self._empty_pool)
-        steps = calls = prefills = copies = preemptions = replayed = allocated = cached = peak = 0
+        steps = calls = prefills = copies = preemptions = replayed = fed = allocated = cached = peak = 0
+        turns = 0
+        refeed: dict[int, int] = {}  # request -> the sampled token it feeds again after a turn
         admissions = []
         while not state.done:
             state, decisions = scheduler.plan(state, lengths, static=static, groups=groups)
@@ -349,39 +379,85 @@ class Engine:
                 admissions.append((steps, request, slot))
             prefills += len(decisions.admitted) - len(decisions.shared)
             copies += len(decisions.shared)
-            state, takes = self._reserve(state, ends, static=static)
+            # A call feeds again the sampled ids of one turn at most, at that turn's temperature
+            # (a token fed again unchecked after its turn belongs to the next one).
+            bounds, temps = {}, {}
+            for r in state.running:
+                t = state.cached[r] - lengths[r]
+                turn, end = _turn_of(turn_ends[r], t + (refeed.get(r) == t))
+                temps[r] = temperatures[r][turn]
+                if end is not None:
+                    bounds[r] = lengths[r] + end
+            state, takes = self._reserve(state, ends, bounds, static=static)
             peak = max(peak, state.pool.num_used)
             num_steps = max(takes.values())
-            inputs = self._step_inputs(state, takes, lengths, tokens, key_data, sampling)
+            inputs = self._step_inputs(state, takes, lengths, history, starts, temps, key_data, sampling)
             self._cache, self._logits, out_tokens, out_logprobs = self._step(
                 self._params, self._cache, self._logits, *inputs, np.int32(num_steps)
             )
             out_tokens, out_logprobs = np.asarray(out_tokens), np.asarray(out_logprobs)
-            finished = []
+            finished, rewound = [], {}
             for slot, request in enumerate(state.slots):
                 if request is None:
                     continue
                 for i in range(takes[request]):
                     t = state.cached[request] + i - lengths[request]
-                    if t < len(tokens[request]):
-                        if out_logprobs[i, slot].tobytes() != logprobs[request][t].tobytes():
+                    if t < len(history[request]):
+                        first = logprobs[request][t]
+                        if first is None:
+                            fed += 1
+                        elif refeed.get(request) == t:  # its slot's logits were not its own
+                            del refeed[request]
+                        elif out_logprobs[i, slot].tobytes() != first.tobytes():
                             raise RlxError(
                                 f"request {request}: token {t} replayed after a preemption with "
                                 f"log-prob {out_logprobs[i, slot]!r}, first computed as "
-                                f"{logprobs[request][t]!r}; the engine is not batch-invariant here"
+                                f"{first!r}; the engine is not batch-invariant here"
                             )
-                        replayed += 1
+                        else:
+                            replayed += 1
                         continue
                     token = int(out_tokens[i, slot])
-                    tokens[request].append(token)
+                    history[request].append(token)
                     logprobs[request].append(out_logprobs[i, slot])
+                    start = starts[request]
                     reason = finish_reason(
-                        token, t + 1, params[request].max_tokens, stops[request]
+                        token, t + 1 - start, params[request].max_tokens, stops[request]
                     )
-                    if reason is not None:
-                        reasons[request] = reason
+                    if reason is None:
+                        continue
+                    turns += 1
+                    ended = Completion(
+                        _frozen(np.array(history[request][start:], np.int32)),
+                        _frozen(np.array(logprobs[request][start:], np.float32)),
+                        reason,
+                        lengths[request] + start,
+                    )
+                    more = then(request, ended) if then is not None else None
+                    if more is None:
+                        last[request] = ended
                         finished.append(request)
                         break
+                    ids, params[request], key_data[request] = check_continuation(
+                        request, lengths[request] + t + 1, more, vocab_size=self.config.vocab_size,
+                        max_seq_len=self.max_seq_len, page_size=self.page_size,
+                        num_pages=self._empty_pool.capacity,
+                    )
+                    p = params[request]
+                    sampling[0][request], sampling[1][request] = p.top_k, p.top_p
+                    stops[request] = p.stop_ids(self.config.eos_token_ids)
+                    history[request] += ids.tolist()
+                    logprobs[request] += [None] * ids.size
+                    turn_ends[request].append(t + 1)
+                    temperatures[request].append(p.temperature)
+                    starts[request] = len(history[request])
+                    ends[request] = lengths[request] + starts[request] + p.max_tokens
+                    # What the slot decoded after this token is dropped. With nothing to feed,
+                    # the token is fed again for its next-token logits (the same bits).
+                    rewound[request] = lengths[request] + t + (1 if ids.size else 0)
+                    if not ids.size:
+                        refeed[request] = t
+                    break
             steps += num_steps
             calls += 1
             allocated += num_steps * state.pool.num_used * self.page_size
@@ -390,33 +466,30 @@ class Engine:
                 for i in range(num_steps)
             )
             state = scheduler.advance(state, finished, takes)
+            for request, upto in sorted(rewound.items()):
+                state = scheduler.rewind(state, request, upto)
         self.last_stats = GenerateStats(
-            steps, prefills, preemptions, sum(map(len, tokens)), replayed, allocated, cached,
-            tuple(admissions), calls, copies, peak,
+            steps, prefills, preemptions, sum(lp is not None for lps in logprobs for lp in lps), replayed,
+            allocated, cached, tuple(admissions), calls, copies, peak, fed, turns,
         )
-        ended = [r for r in reasons if r is not None]
-        assert len(ended) == n  # the loop runs until every request has finished
+        done = [c for c in last if c is not None]
+        assert len(done) == n  # the loop runs until every request has finished
         assert state.pool.num_used == 0 and not state.pool.refs, state.pool  # no page leaked
-        return [
-            Completion(
-                _frozen(np.array(tokens[i], np.int32)),
-                _frozen(np.array(logprobs[i], np.float32)),
-                ended[i],
-                lengths[i],
-            )
-            for i in range(n)
-        ]
+        return done
 
-    def _reserve(self, state, ends, *, static: bool):
+    def _reserve(self, state, ends, bounds, *, static: bool):
         """Steps for the next decode call and pages for them: ``(state, tokens per request)``.
 
         The call runs to the next scheduling event (see the module docstring), at most
         ``decode_steps`` steps, and fewer when the free pages do not cover them (``plan``
-        reserved one step, so one always fits).
+        reserved one step, so one always fits). A request that feeds again the turns it had
+        before a preemption stops at each turn's end (``bounds``): a call runs one temperature
+        per slot.
         """
         left = {r: ends[r] - state.cached[r] for r in state.running}
         until = min if state.waiting and not static else max
-        want = min(self.decode_steps, until(left.values()))
+        # a slot that takes fewer steps than the call loses its logits, so a bound bounds the call
+        want = min(self.decode_steps, until(left.values()), *(b - state.cached[r] for r, b in bounds.items()))
         while True:
             takes = {r: min(want, n) for r, n in left.items()}
             reserved = scheduler.reserve(state, takes) if want > 1 else state
@@ -470,9 +543,9 @@ class Engine:
                 self._cache, self._logits, from_pages, to_pages, from_slots, to_slots
             )
 
-    def _step_inputs(self, state, takes, lengths, tokens, key_data, sampling):
+    def _step_inputs(self, state, takes, lengths, history, starts, temps, key_data, sampling):
         S, P, N = self.max_slots, self.pages_per_seq, self.decode_steps
-        temperature, top_k, top_p = sampling
+        top_k, top_p = sampling
         table = np.zeros((S, P), np.int32)
         positions = np.full(S, -1, np.int32)
         take = np.zeros(S, np.int32)
@@ -487,12 +560,19 @@ class Engine:
             positions[slot] = state.cached[request]
             take[slot] = takes[request]
             t = state.cached[request] - lengths[request]
-            index[slot] = t
-            replay = tokens[request][t : t + N]
+            index[slot] = t - starts[request]  # negative while it feeds (nothing is drawn then)
+            replay = history[request][t : t + N]
             forced[slot, : len(replay)] = replay
             keys[slot] = key_data[request]
-            temp[slot], k[slot], p[slot] = temperature[request], top_k[request], top_p[request]
+            temp[slot], k[slot], p[slot] = temps[request], top_k[request], top_p[request]
         return table, positions, take, forced, keys, index, temp, k, p
+
+
+def _turn_of(turn_ends: Sequence[int], t: int) -> tuple[int, int | None]:
+    """The turn whose sampled ids come next from history position ``t`` on (ids fed before a
+    turn belong to it), and where that turn's sampled ids end if it has ended (else None)."""
+    turn = sum(end <= t for end in turn_ends)
+    return turn, (turn_ends[turn] if turn < len(turn_ends) else None)
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

@@ -31,6 +31,24 @@ class Completion:
     prompt_len: int
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Continuation:
+    """How a request goes on after one of its turns ends (what ``Engine.generate``'s ``then``
+    returns): ``ids`` are fed after the turn's tokens (cached, never sampled), then the next turn
+    is sampled with ``params`` (its ``max_tokens`` bounds that turn) and ``seed``.
+
+    Attributes:
+      ids: token ids to feed (a tool result and the chat template's markers around it); may be
+        empty.
+      params: the next turn's ``SamplingParams``.
+      seed: the next turn's seed in ``[0, 2**64)``.
+    """
+
+    ids: Sequence[int] | np.ndarray
+    params: SamplingParams
+    seed: int
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerateStats:
     """What the last ``generate`` did.
@@ -48,6 +66,9 @@ class GenerateStats:
       prefill_copies: admissions that got the prefill of an identical prompt admitted with them
         (sharing its full prompt pages).
       peak_pages: most KV pages in use at once (a page shared by several requests counts once).
+      fed_tokens: ids fed through the decoder without being sampled (``feeds`` and continuations'
+        ``ids``, again after a preemption).
+      turns: turns that ended (one per request, more with continuations).
     """
 
     steps: int
@@ -61,11 +82,50 @@ class GenerateStats:
     decode_calls: int = 0
     prefill_copies: int = 0
     peak_pages: int = 0
+    fed_tokens: int = 0
+    turns: int = 0
 
     @property
     def kv_overhead(self) -> float:
         """Allocated KV bytes / bytes of the tokens cached, averaged over steps (1.0 = no waste)."""
         return self.allocated_tokens / self.cached_tokens if self.cached_tokens else 1.0
+
+
+def _ids(values, what: str, vocab_size: int, *, empty: bool) -> np.ndarray:
+    tokens = np.asarray(values)
+    if tokens.size == 0 and empty:
+        return np.zeros(0, np.int32)
+    if tokens.ndim != 1 or tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
+        raise UsageError(f"{what} is a non-empty list of token ids")
+    if tokens.min() < 0 or tokens.max() >= vocab_size:
+        raise UsageError(f"{what}'s token ids must be in [0, {vocab_size})")
+    return tokens.astype(np.int32)
+
+
+def _fits(what: str, cached: int, p: SamplingParams, *, max_seq_len: int, page_size: int, num_pages: int) -> None:
+    """``cached`` ids and ``p.max_tokens`` more fit one sequence of the engine, alone in its pool."""
+    total = cached + p.max_tokens
+    if total > max_seq_len or pages_for(total, page_size) > num_pages:
+        raise UsageError(
+            f"{what} of {cached} tokens + max_tokens {p.max_tokens} = {total} exceeds the engine's "
+            f"max_seq_len {max_seq_len} or its {num_pages} pages of {page_size} tokens"
+        )
+
+
+def check_continuation(
+    request: int, cached: int, more: Continuation, *, vocab_size: int, max_seq_len: int, page_size: int,
+    num_pages: int,
+) -> tuple[np.ndarray, SamplingParams, np.ndarray]:
+    """Validate ``more``, the continuation of request ``request`` whose sequence holds ``cached``
+    ids: ``(ids, params, key_data)``. Raises ``UsageError`` naming what is not accepted."""
+    what = f"request {request}'s continuation"
+    if not isinstance(more, Continuation):
+        raise UsageError(f"{what} {more!r} is not a Continuation (or None, to end the request)")
+    if not isinstance(more.params, SamplingParams):
+        raise UsageError(f"{what}: sampling params {more.params!r} is not a SamplingParams")
+    ids = _ids(more.ids, what, vocab_size, empty=True)
+    _fits(f"{what}: the sequence", cached + ids.size, more.params, max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages)
+    return ids, more.params, seed_key_data(more.seed)
 
 
 def check_requests(
@@ -78,19 +138,20 @@ def check_requests(
     max_seq_len: int,
     page_size: int,
     num_pages: int,
-) -> tuple[list[np.ndarray], list[SamplingParams], np.ndarray]:
+    feeds: Sequence[Sequence[int] | np.ndarray] | None = None,
+) -> tuple[list[np.ndarray], list[SamplingParams], np.ndarray, list[np.ndarray]]:
     """Validate a batch of requests for an engine of these limits.
 
     Args:
-      prompts, params, seeds: as ``Engine.generate`` takes them.
+      prompts, params, seeds, feeds: as ``Engine.generate`` takes them.
       vocab_size: the model's vocabulary; prompt and stop ids must be below it.
       max_prompt_len: the largest prefill bucket.
       max_seq_len: the most tokens (prompt + generated) a sequence may cache.
       page_size, num_pages: the page pool (usable pages), which one request must fit alone.
 
     Returns:
-      ``(prompts, params, key_data)``: int32 prompts, one ``SamplingParams`` per request, and
-      ``uint32[n, 2]`` key data of the seeds.
+      ``(prompts, params, key_data, feeds)``: int32 prompts, one ``SamplingParams`` per request,
+      ``uint32[n, 2]`` key data of the seeds, and int32 feeds (empty where none).
 
     Raises:
       UsageError: naming the first bad request and what would be accepted.
@@ -99,37 +160,31 @@ def check_requests(
     if isinstance(params, SamplingParams):
         params = [params] * n
     params = list(params)
-    if len(params) != n or len(seeds) != n:
+    if feeds is None:
+        feeds = [()] * n
+    if len(params) != n or len(seeds) != n or len(feeds) != n:
         raise UsageError(
-            f"got {n} prompts, {len(params)} sampling params and {len(seeds)} seeds; give one "
-            "SamplingParams (or one per prompt) and one seed per prompt"
+            f"got {n} prompts, {len(params)} sampling params, {len(seeds)} seeds and {len(feeds)} "
+            "feeds; give one SamplingParams (or one per prompt), one seed per prompt and, if any, "
+            "one feed per prompt"
         )
-    V, biggest = vocab_size, max_prompt_len
-    checked = []
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+    checked, fed = [], []
+    for i, (prompt, p, feed) in enumerate(zip(prompts, params, feeds, strict=True)):
         if not isinstance(p, SamplingParams):
             raise UsageError(f"request {i}: sampling params {p!r} is not a SamplingParams")
-        tokens = np.asarray(prompt)
-        if tokens.ndim != 1 or tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
-            raise UsageError(f"request {i}: a prompt is a non-empty list of token ids")
-        if tokens.min() < 0 or tokens.max() >= V:
-            raise UsageError(f"request {i}: prompt token ids must be in [0, {V})")
-        bad_stops = [s for s in p.stop_token_ids if s >= V]
+        tokens = _ids(prompt, f"request {i}: a prompt", vocab_size, empty=False)
+        feed = _ids(feed, f"request {i}: a feed", vocab_size, empty=True)
+        bad_stops = [s for s in p.stop_token_ids if s >= vocab_size]
         if bad_stops:
-            raise UsageError(f"request {i}: stop_token_ids {bad_stops} are not in [0, {V})")
-        total = tokens.size + p.max_tokens
-        if tokens.size > biggest:
+            raise UsageError(f"request {i}: stop_token_ids {bad_stops} are not in [0, {vocab_size})")
+        if tokens.size > max_prompt_len:
             raise UsageError(
                 f"request {i}: prompt of {tokens.size} tokens is longer than the largest "
-                f"prefill bucket, {biggest}"
+                f"prefill bucket, {max_prompt_len}"
             )
-        fits_pool = pages_for(total, page_size) <= num_pages
-        if total > max_seq_len or not fits_pool:
-            raise UsageError(
-                f"request {i}: prompt of {tokens.size} tokens + max_tokens {p.max_tokens} = "
-                f"{total} exceeds the engine's max_seq_len {max_seq_len} or its "
-                f"{num_pages} pages of {page_size} tokens"
-            )
-        checked.append(tokens.astype(np.int32))
+        _fits(f"request {i}: prompt" + (" and feed" if feed.size else ""), tokens.size + feed.size, p, max_seq_len=max_seq_len, page_size=page_size,
+              num_pages=num_pages)
+        checked.append(tokens)
+        fed.append(feed)
     key_data = np.stack([seed_key_data(s) for s in seeds]) if n else np.zeros((0, 2), np.uint32)
-    return checked, params, key_data
+    return checked, params, key_data, fed

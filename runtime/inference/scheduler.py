@@ -171,6 +171,15 @@ def reserve(state: Schedule, tokens: Mapping[int, int]) -> Schedule | None:
     return dataclasses.replace(state, pool=pool)
 
 
+def rewind(state: Schedule, request: int, cached: int) -> Schedule:
+    """Running ``request`` holds only its first ``cached`` tokens (at least its prompt): a request
+    that goes on after a turn drops what its slot decoded past the turn's end, which its next
+    tokens overwrite. It keeps its pages, slot and place in the queue."""
+    if request not in state.cached or not 0 < cached <= state.cached[request]:
+        raise ValueError(f"request {request} cannot rewind to {cached} tokens")
+    return dataclasses.replace(state, cached=types.MappingProxyType({**state.cached, request: cached}))
+
+
 def advance(
     state: Schedule, finished: Sequence[int] = (), steps: Mapping[int, int] | None = None
 ) -> Schedule:
