@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Multi-turn tool use end to end: a run whose rollouts are episodes with a calculator.
 
-    python scripts/bench_multiturn.py [--steps 30] [--out DIR] [--seed 0]
+    python scripts/bench_multiturn.py [--steps 60] [--out DIR] [--seed 0]
 
 Runs ``rlx run`` on the built-in three-digit sums with ``episodes.tools=["calculator"]``: a small
 built-in model whose warm start is worked episodes (a calculator call, the result as the
@@ -26,14 +26,14 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = ['episodes.tools=["calculator"]', "episodes.turn_tokens=40", "sampling.max_tokens=64",
           "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
-          "model.intermediate_size=128", "pretrain.steps=300", "pretrain.batch_size=32", "pretrain.learning_rate=3e-3",
-          "scheduling.groups_per_batch=8", "sampling.group_size=8", "trainer.learning_rate=1e-3", "eval.size=200",
+          "model.intermediate_size=128", "pretrain.steps=150", "pretrain.batch_size=32", "pretrain.learning_rate=3e-3",
+          "scheduling.groups_per_batch=8", "sampling.group_size=8", "trainer.learning_rate=3e-4", "eval.size=200",
           "workers.inference_slots=64"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="where the run goes (default: a temporary directory)")
     args = parser.parse_args()

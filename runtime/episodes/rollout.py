@@ -1,4 +1,4 @@
-"""Episodes as rollouts of a run: sampled in lockstep by the engine, recorded in ``RolloutCompleted``.
+"""Episodes as rollouts of a run: sampled by the engine turn after turn, recorded in ``RolloutCompleted``.
 
 A multi-turn rollout's ``RolloutCompleted`` holds the episode after its prompt: ``tokens`` is the
 concatenation of every turn's sampled ids and the ids the environment appended after them,
