@@ -133,7 +133,8 @@ def main() -> None:
                     prefill_buckets=default_buckets(width), attention_impl="live")
     ways = {"kept": lambda: kept(engine, w), "refed": lambda: turn_by_turn(engine, w, prefill=False),
             "prefilled": lambda: turn_by_turn(engine, w, prefill=True)}
-    results, times = {name: way() for name, way in ways.items()}, {name: [] for name in ways}  # compiled, warm
+    results = {name: way() for name, way in ways.items()}  # compiled and warm
+    times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.repeats):
         for name, way in ways.items():
             start = time.perf_counter()
