@@ -65,6 +65,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     t.add_row("final version", "-" if report.final_version is None
               else f"{report.final_version}  digest {report.final_digest}")
     t.add_row("rollouts re-sampled", str(report.rollouts_regenerated))
+    if report.versions_held_max:
+        t.add_row("versions held", f"at most {report.versions_held_max} at once")
     if report.episodes_rederived:
         t.add_row("episodes re-derived", f"{report.episodes_rederived} (from the recorded tool results; no tool ran)")
     if args.check_snapshots:

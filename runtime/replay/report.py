@@ -34,6 +34,9 @@ class ReplayReport:
         (``--check-snapshots``; 0 without it).
       episodes_rederived: multi-turn episodes re-derived from their sampled ids and recorded tool
         results, no tool run, equal to the record (0 for a run without tools).
+      versions_held_max: the most versions (weights and optimizer state) the replay held at once:
+        version 0, the newest, those later steps' rows were sampled from (and, re-sampling,
+        those still to re-sample), not every version it derived.
     """
 
     run_id: str
@@ -49,6 +52,7 @@ class ReplayReport:
     requested_version: int = 0
     snapshots_checked: int = 0
     episodes_rederived: int = 0
+    versions_held_max: int = 0
 
     @property
     def match(self) -> bool:
@@ -73,6 +77,7 @@ class ReplayReport:
             "rollouts_regenerated": self.rollouts_regenerated,
             "snapshots_checked": self.snapshots_checked,
             "episodes_rederived": self.episodes_rederived,
+            "versions_held_max": self.versions_held_max,
             "first_divergence": None if first is None else first.to_dict(),
             "divergence_count": len(self.divergences),
             "divergences": [d.to_dict() for d in self.divergences[:SHOWN_DIVERGENCES]],

@@ -95,10 +95,10 @@ class _Replay:
         return self.store.read(self.run_id)
 
     def report(self, divergences: list[Divergence], *, verified: int = 0, final: tuple[int, str] | None = None,
-               regenerated: int = 0, rederived: int = 0) -> ReplayReport:
+               regenerated: int = 0, rederived: int = 0, held: int = 0) -> ReplayReport:
         return ReplayReport(self.run_id, self.start, self.steps_total, verified, final and final[0],
                             final and final[1], regenerated, ordered(divergences), self.fp,
-                            time.monotonic() - self.t0, self.requested, self.snapshots_checked, rederived)
+                            time.monotonic() - self.t0, self.requested, self.snapshots_checked, rederived, held)
 
     def _check_trainer_layouts(self, index) -> None:
         """Warn when this process cannot train with the bits the run's trainers had: another
@@ -216,7 +216,7 @@ class _Replay:
                     resampled = f", {rerun.regenerated:,} rollouts re-sampled" if regenerate else ""
                     bar.update(rerun.verified - (start == 0), f"{rerun.verified} versions match{resampled}")
         return self.report(divergences, verified=rerun.verified, final=rerun.final, regenerated=rerun.regenerated,
-                           rederived=rerun.rederived)
+                           rederived=rerun.rederived, held=rerun.held_max)
 
 
 class _Counter:
@@ -308,6 +308,11 @@ class _Rerun:
         self.sampler = None if not sample else EngineWorker(
             "replay-inference", session.engine, session.task, session.codec,
             lambda v: (self.store.get(v), self.store.digest(v)))
+        # The versions each step's rows were sampled from, by step: what the replay's store must
+        # still hold for the steps after one (``_release``).
+        self._reads = {step.step: step.row_versions() for step in plan.steps}
+        self._resampled: set[int] = set()  # versions whose completions were re-sampled
+        self.held_max = 0  # the most versions the replay's store held at once
         self.verified = 0
         self.regenerated = 0
         self.rederived = 0  # multi-turn episodes re-derived from their recorded tool results
@@ -356,8 +361,10 @@ class _Rerun:
         for v in self.store.versions():
             if step.could_not_read(v):
                 self.store.delete(v)
+        self._release()
         episodes = self._rederive(step)
         trained, published = self._trainer(step).train(step.task)
+        self.held_max = max(self.held_max, len(self.store.versions()))
         self.final = (step.step, published.digest)
         found = episodes + compare_step(step, trained, published)
         differs = any(d.kind == published.KIND for d in found)
@@ -367,6 +374,21 @@ class _Rerun:
             self.log(f"step {step.step}: digest {published.digest[:16]} {'differs' if differs else 'matches'}"
                      f"{' (step metrics differ)' if not differs else ''}")
         return found
+
+    def _release(self) -> None:
+        """Drop from the replay's store every version it no longer needs: all but version 0 (the
+        reference of every step), the newest (the next step trains from it), those the rows of a
+        step after it were sampled from (their old log-probs) and, when re-sampling, those whose
+        completions are still to be re-sampled. A replay then holds a few versions at a time, as
+        the run did, not every version it re-derives (each with its optimizer state: three times
+        the weights)."""
+        if self.final is None:
+            return
+        newest = self.final[0]
+        later = set().union(*(reads for step, reads in self._reads.items() if step > newest))
+        for v in self.store.versions():
+            if 0 < v < newest and v not in later and (self.sampler is None or v in self._resampled):
+                self.store.delete(v)
 
     def _rederive(self, step: StepPlan) -> list[Divergence]:
         """Every multi-turn episode the step trains on, re-derived from its sampled ids with the
@@ -419,6 +441,8 @@ class _Rerun:
         assert self.sampler is not None  # built when re-sampling
         got = {c.rollout_id: c for c in self.sampler.generate([r.lease for r in sampled])}
         self.regenerated += len(sampled)
+        self._resampled.add(version)
+        self._release()
         out = [d for r in sampled if (d := compare_rollout(r, got[r.lease.rollout_id])) is not None]
         if out:
             self.log(f"version {version}: re-sampled {len(sampled)} rollouts, {len(out)} differ")

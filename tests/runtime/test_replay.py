@@ -294,3 +294,27 @@ def test_the_replay_samples_with_the_engine_shape_the_run_recorded(finished, mon
     assert report.match, report.first_divergence
     assert warnings == []
     assert report.rollouts_regenerated == summary["rollouts"]
+
+
+@pytest.mark.slow
+def test_a_replay_holds_only_the_versions_it_still_needs(tmp_path_factory):
+    """Six steps at max_staleness 1: each step trains from the newest version on rows of the one
+    before it, so besides version 0 the replay needs at most three versions at once, not all
+    seven it re-derives (each held with its optimizer state)."""
+    import dataclasses
+
+    from runtime.run import run
+    from tests.runtime.small_run import tiny_config, write_sums
+
+    root = tmp_path_factory.mktemp("six_steps")
+    write_sums(root / "sums.jsonl")
+    config = tiny_config(str(root / "sums.jsonl"), str(tmp_path_factory.getbasetemp() / "warm_start"))
+    config = dataclasses.replace(config, run=dataclasses.replace(config.run, steps=6))
+    out = str(root / "run")
+    summary = run(config, out, progress=False, log=lambda m: None)
+    for regenerate in (False, True):
+        report = replay_run(out, regenerate=regenerate)
+        assert report.match, report.first_divergence
+        assert (report.versions_verified, report.final_digest) == (7, summary["final_digest"])
+        assert report.versions_held_max == 4, (regenerate, report.versions_held_max)
+        assert report.to_dict()["versions_held_max"] == 4
