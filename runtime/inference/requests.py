@@ -96,7 +96,7 @@ def _ids(values, what: str, vocab_size: int, *, empty: bool) -> np.ndarray:
     if tokens.size == 0 and empty:
         return np.zeros(0, np.int32)
     if tokens.ndim != 1 or tokens.size == 0 or not np.issubdtype(tokens.dtype, np.integer):
-        raise UsageError(f"{what} is a non-empty list of token ids")
+        raise UsageError(f"{what} is a {'' if empty else 'non-empty '}list of token ids")
     if tokens.min() < 0 or tokens.max() >= vocab_size:
         raise UsageError(f"{what}'s token ids must be in [0, {vocab_size})")
     return tokens.astype(np.int32)
