@@ -356,10 +356,6 @@ class Engine:
         # log-prob at its own turn's temperature, to be checked (``_turn_of``).
         temperatures: list[list[float]] = [[p.temperature] for p in params]
         turn_ends: list[list[int]] = [[] for _ in range(n)]
-        # The tokens a request has cached once it drew its turn's last token (a step feeds the
-        # token it draws): a decode call never takes a request past it.
-        ends = [lengths[i] + starts[i] + params[i].max_tokens for i in range(n)]
-        sampling = (np.array([p.top_k for p in params], np.int32), np.array([p.top_p for p in params], np.float32))
         stops = [p.stop_ids(self.config.eos_token_ids) for p in params]
         last: list[Completion | None] = [None] * n
         groups = None
@@ -388,10 +384,13 @@ class Engine:
                 temps[r] = temperatures[r][turn]
                 if end is not None:
                     bounds[r] = lengths[r] + end
+            # The tokens a request has cached once it drew its turn's last token (a step feeds the
+            # token it draws): a decode call never takes a request past it.
+            ends = {r: lengths[r] + starts[r] + params[r].max_tokens for r in state.running}
             state, takes = self._reserve(state, ends, bounds, static=static)
             peak = max(peak, state.pool.num_used)
             num_steps = max(takes.values())
-            inputs = self._step_inputs(state, takes, lengths, history, starts, temps, key_data, sampling)
+            inputs = self._step_inputs(state, takes, lengths, history, starts, temps, key_data, params)
             self._cache, self._logits, out_tokens, out_logprobs = self._step(
                 self._params, self._cache, self._logits, *inputs, np.int32(num_steps)
             )
@@ -444,14 +443,12 @@ class Engine:
                         num_pages=self._empty_pool.capacity,
                     )
                     p = params[request]
-                    sampling[0][request], sampling[1][request] = p.top_k, p.top_p
                     stops[request] = p.stop_ids(self.config.eos_token_ids)
                     history[request] += ids.tolist()
                     logprobs[request] += [None] * ids.size
                     turn_ends[request].append(t + 1)
                     temperatures[request].append(p.temperature)
                     starts[request] = len(history[request])
-                    ends[request] = lengths[request] + starts[request] + p.max_tokens
                     # What the slot decoded after this token is dropped. With nothing to feed,
                     # the token is fed again for its next-token logits (the same bits).
                     rewound[request] = lengths[request] + t + (1 if ids.size else 0)
@@ -543,9 +540,8 @@ class Engine:
                 self._cache, self._logits, from_pages, to_pages, from_slots, to_slots
             )
 
-    def _step_inputs(self, state, takes, lengths, history, starts, temps, key_data, sampling):
+    def _step_inputs(self, state, takes, lengths, history, starts, temps, key_data, params):
         S, P, N = self.max_slots, self.pages_per_seq, self.decode_steps
-        top_k, top_p = sampling
         table = np.zeros((S, P), np.int32)
         positions = np.full(S, -1, np.int32)
         take = np.zeros(S, np.int32)
@@ -564,7 +560,7 @@ class Engine:
             replay = history[request][t : t + N]
             forced[slot, : len(replay)] = replay
             keys[slot] = key_data[request]
-            temp[slot], k[slot], p[slot] = temps[request], top_k[request], top_p[request]
+            temp[slot], k[slot], p[slot] = temps[request], params[request].top_k, params[request].top_p
         return table, positions, take, forced, keys, index, temp, k, p
 
 
