@@ -102,6 +102,16 @@ def _ids(values, what: str, vocab_size: int, *, empty: bool) -> np.ndarray:
     return tokens.astype(np.int32)
 
 
+def _params(p, what: str, vocab_size: int) -> SamplingParams:
+    """``p`` when it is a ``SamplingParams`` whose stop ids are in the vocabulary."""
+    if not isinstance(p, SamplingParams):
+        raise UsageError(f"{what}: sampling params {p!r} is not a SamplingParams")
+    bad_stops = [s for s in p.stop_token_ids if s >= vocab_size]
+    if bad_stops:
+        raise UsageError(f"{what}: stop_token_ids {bad_stops} are not in [0, {vocab_size})")
+    return p
+
+
 def _fits(what: str, cached: int, p: SamplingParams, *, max_seq_len: int, page_size: int, num_pages: int) -> None:
     """``cached`` ids and ``p.max_tokens`` more fit one sequence of the engine, alone in its pool."""
     total = cached + p.max_tokens
@@ -121,11 +131,11 @@ def check_continuation(
     what = f"request {request}'s continuation"
     if not isinstance(more, Continuation):
         raise UsageError(f"{what} {more!r} is not a Continuation (or None, to end the request)")
-    if not isinstance(more.params, SamplingParams):
-        raise UsageError(f"{what}: sampling params {more.params!r} is not a SamplingParams")
+    params = _params(more.params, what, vocab_size)
     ids = _ids(more.ids, what, vocab_size, empty=True)
-    _fits(f"{what}: the sequence", cached + ids.size, more.params, max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages)
-    return ids, more.params, seed_key_data(more.seed)
+    _fits(f"{what}: the sequence", cached + ids.size, params, max_seq_len=max_seq_len, page_size=page_size,
+          num_pages=num_pages)
+    return ids, params, seed_key_data(more.seed)
 
 
 def check_requests(
@@ -170,13 +180,9 @@ def check_requests(
         )
     checked, fed = [], []
     for i, (prompt, p, feed) in enumerate(zip(prompts, params, feeds, strict=True)):
-        if not isinstance(p, SamplingParams):
-            raise UsageError(f"request {i}: sampling params {p!r} is not a SamplingParams")
+        p = _params(p, f"request {i}", vocab_size)
         tokens = _ids(prompt, f"request {i}: a prompt", vocab_size, empty=False)
         feed = _ids(feed, f"request {i}: a feed", vocab_size, empty=True)
-        bad_stops = [s for s in p.stop_token_ids if s >= vocab_size]
-        if bad_stops:
-            raise UsageError(f"request {i}: stop_token_ids {bad_stops} are not in [0, {vocab_size})")
         if tokens.size > max_prompt_len:
             raise UsageError(
                 f"request {i}: prompt of {tokens.size} tokens is longer than the largest "

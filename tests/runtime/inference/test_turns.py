@@ -111,6 +111,8 @@ def test_static_batching_gives_the_same_turns(roomy):
         (Continuation([53], PARAMS, 1), r"request 0's continuation's token ids must be in \[0, 53\)"),
         (Continuation([5] * 30, PARAMS, 1), r"request 0's continuation: the sequence of \d+ tokens \+ max_tokens 4"),
         (Continuation([5], {"temperature": 1.0}, 1), "is not a SamplingParams"),
+        (Continuation([5], SamplingParams(stop_token_ids=(60,)), 1),
+         r"request 0's continuation: stop_token_ids \[60\] are not in \[0, 53\)"),
         (Continuation([5], PARAMS, -1), "seed -1 is not accepted"),
         ([5], "is not a Continuation"),
     ],
