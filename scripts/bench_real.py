@@ -218,7 +218,7 @@ def trl_child(args: argparse.Namespace) -> int:
 
         def on_train_begin(self, _args, state, control, **kw):
             self.t0 = time.monotonic()
-            self.ends: list[float] = []
+            self.ends = []
 
         def on_step_end(self, _args, state, control, **kw):
             self.ends.append(time.monotonic())
