@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from runtime.errors import UsageError
+from tests.scripts.script_module import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = ("model", "task", "base_pass", "final_pass", "gain_pts", "rl_minutes", "steps_per_min", "tokens_per_s",
@@ -65,11 +66,7 @@ def test_bench_real_learns_replays_survives_kills_and_runs_trl_beside_it(tmp_pat
 
 
 def test_the_step_period_skips_the_compiling_steps_and_takes_the_median_gap():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_real", os.path.join(ROOT, "scripts", "bench_real.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_real")
     # steps 1-3 compile (gaps of 10 s); from the 4th step's end on the gaps are 5, 5, 6, 5
     assert bench.steady_period([0, 10, 20, 30, 35, 40, 46, 51]) == 5.0
     assert bench.steady_period([0, 10, 20, 30]) is None  # no gap after the compiling steps

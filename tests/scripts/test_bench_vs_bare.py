@@ -3,7 +3,6 @@ bare loop (two scripts that answer like warm_a.py and grpo_a.py without training
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import time
 import pytest
 
 from tests.runtime.small_run import TINY
+from tests.scripts.script_module import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "bench_vs_bare.py")
@@ -40,13 +40,6 @@ summary = dict(steps=12, wall_s=wall, steps_per_min=12 / wall * 60, samp_s_per_s
 print(json.dumps(summary))
 json.dump(dict(summary, curve=curve), open(args.out, "w"))
 """
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_vs_bare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def bench(*args: str, timeout: int = 60) -> subprocess.CompletedProcess:
@@ -103,7 +96,7 @@ class Loop(Base):
 
 
 def test_clock_counts_nested_calls_once_and_restores_what_it_wrapped():
-    clock = load_script().Clock()
+    clock = load_script("bench_vs_bare").Clock()
     originals = {name: vars(Loop)[name] for name in ("outer", "inner")}
     clock.wrap(Loop, "outer", "loop")
     clock.wrap(Loop, "inner", "loop")

@@ -8,27 +8,11 @@ role again only after its replacement delivered work.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
-_SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "chaos.py"
+from tests.scripts.script_module import load_script
 
-
-def _load_chaos():
-    name = "rlx_scripts_chaos"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-chaos = _load_chaos()
+chaos = load_script("chaos")
 
 
 @pytest.fixture(scope="module")
