@@ -18,7 +18,8 @@ before any work), not at import.
 Points: ``trainer.step`` (a step computed, its weights not yet written), ``params.put`` (a
 version's arrays written, its manifest not yet), ``inference.generate`` (completions generated,
 not yet submitted), ``ledger.snapshot`` (a controller snapshot inserted, its transaction not yet
-committed).
+committed), ``gang.rankR.compile`` (rank R of a trainer gang about to compile a step's program:
+a slow compile on one rank).
 """
 
 from __future__ import annotations

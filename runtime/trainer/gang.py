@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from runtime.errors import UsageError
+from runtime.failpoints import failpoint
 from runtime.placement import DEVICES_ENV
 
 HEARTBEAT_S = 10  # a dead rank aborts the others within about this long
@@ -176,6 +177,20 @@ class Gang:
         """Wait until every rank reaches the barrier ``name`` (numbered: each call is a new one)."""
         self._barriers += 1
         self._client.wait_at_barrier(f"rlx/{name}/{self._barriers}", BARRIER_TIMEOUT_MS)
+
+    def together(self, jitted, *args, **static) -> None:
+        """Compile ``jitted`` for these arguments (``static``: its static ones) if it is not
+        compiled yet, then wait for every rank, so that the ranks enter its collectives together.
+
+        Gloo's collectives on the CPU give up on a rank that arrives more than 30 s after
+        another (a reduce-scatter's TCP read times out, whatever XLA's collective timeout says),
+        and compiling a train step for a new shape can take longer than that on a loaded host, by
+        a different amount on each rank; the coordination service's barrier waits up to
+        ``BARRIER_TIMEOUT_MS``. Compiling first fills ``jitted``'s own cache: the call that follows
+        runs the same executable."""
+        failpoint(f"gang.rank{self.rank}.compile")
+        jitted.lower(*args, **static).compile()
+        self.barrier("step")
 
     def gather(self, tree):
         """``tree`` of global arrays as whole numpy arrays, on every rank."""

@@ -162,16 +162,19 @@ class StepTrainer:
                     f"step {task.step} needs version {v} for the old log-probs of its rollouts, but the "
                     f"parameter store no longer has it (stored: {list(self.store.versions())})"
                 )
-            logp_BS = score(vp, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS,
-                            device_batch.rows_BS, config=config)
-            logp_old[rows] = to_host(logp_BS)[rows]
+            logp_old[rows] = to_host(self._score(vp, device_batch, config))[rows]
         if self.config.needs_reference:
-            logp_ref = score(self._reference, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS,
-                             device_batch.rows_BS, config=config)
+            logp_ref = self._score(self._reference, device_batch, config)
         else:
             logp_ref = jnp.zeros(batch.mask_BS.shape, jnp.float32)
         current, logp_old, logp_ref = shard_rows(self.mesh, (current, logp_old, logp_ref))
         return batch, device_batch, current, logp_old, logp_ref, config
+
+    def _score(self, params, device_batch, config: StepConfig):
+        args = (params, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS, device_batch.rows_BS)
+        if self.gang is not None:
+            self.gang.together(score, *args, config=config)
+        return score(*args, config=config)
 
     def train(self, task: TrainTask) -> tuple[TrainStepCompleted, WeightsPublished]:
         params, opt_state = self._parent(task.parent_version, task.parent_digest)
@@ -179,6 +182,8 @@ class StepTrainer:
         if self.keep_parents > 0 and config.old_logprobs == "recompute":
             # the next steps' old log-probs, without reading the store
             self._keep(task.parent_version, task.parent_digest, jax.tree.map(jnp.array, params))
+        if self.gang is not None:  # the ranks start the step's collectives together
+            self.gang.together(train_step, params, opt_state, device_batch, logp_old, logp_ref, current, config=config)
         new_params, new_opt, metrics = train_step(
             params, opt_state, device_batch, logp_old, logp_ref, current, config=config
         )

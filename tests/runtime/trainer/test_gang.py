@@ -143,6 +143,23 @@ def _run(out: str, overrides: list[str], *, devices: int = 1, failpoints: str | 
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _finished(proc: subprocess.Popen, out: str, timeout_s: float = 600) -> None:
+    """Wait for the run in ``out`` to exit 0; if it does not within ``timeout_s``, stop it and fail
+    with what its supervisor journal and each worker's log ended with (where it was stuck)."""
+    try:
+        code = proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate()
+        tails = [f"rlx run's stderr: {stderr[-1500:]}"]
+        for name in ["workers.jsonl", *sorted(os.listdir(os.path.join(out, "logs")))]:
+            path = os.path.join(out, name) if name.endswith(".jsonl") else os.path.join(out, "logs", name)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                tails.append(f"{name}: {f.read()[-1200:]}")
+        pytest.fail(f"the run in {out} did not finish within {timeout_s:.0f} s:\n" + "\n".join(tails))
+    assert code == 0, proc.communicate()[1][-3000:]
+
+
 def _spawns(out: str) -> list[dict]:
     try:
         with open(os.path.join(out, "workers.jsonl"), encoding="utf-8") as f:
@@ -155,14 +172,15 @@ def _spawns(out: str) -> list[dict]:
 def gang_runs(tmp_path_factory) -> dict:
     """``trainer.mesh={fsdp=2}``: one process with 2 devices (threads), and a gang of 2 processes
     whose rank 1 is killed while the gang is in its 3rd step (both ranks held there by a
-    failpoint). The tests below check each outcome separately."""
+    failpoint). Each gang's rank 1 compiles its first step 35 s late: gloo's collectives fail when
+    ranks reach them more than 30 s apart, so the ranks must wait for each other before a step
+    (``Gang.together``). The tests below check each outcome separately."""
     tmp = tmp_path_factory.mktemp("gang")
     warm = f'pretrain.cache_dir="{tmp / "warm"}"'
     one, gang = str(tmp / "one"), str(tmp / "gang")
-    proc = _run(one, [warm, 'workers.mode="threads"'], devices=2)
-    assert proc.wait(600) == 0, proc.communicate()[1][-3000:]
+    _finished(_run(one, [warm, 'workers.mode="threads"'], devices=2), one)
 
-    proc = _run(gang, [warm, "workers.trainer_processes=2"], failpoints="trainer.step@3:sleep=30")
+    proc = _run(gang, [warm, "workers.trainer_processes=2"], failpoints="trainer.step@3:sleep=30,gang.rank1.compile@1:sleep=35")
     deadline = time.monotonic() + 600
     while not os.path.exists(os.path.join(gang, "params", "manifests", "v2.json")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
@@ -170,7 +188,7 @@ def gang_runs(tmp_path_factory) -> dict:
     rank1 = [s for s in _spawns(gang) if s.get("rank") == 1]
     assert len(rank1) == 1
     os.kill(rank1[0]["pid"], signal.SIGKILL)
-    assert proc.wait(600) == 0, proc.communicate()[1][-3000:]
+    _finished(proc, gang)
     return {"one": one, "gang": gang}
 
 
