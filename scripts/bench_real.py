@@ -12,8 +12,9 @@ TRL's ``GRPOTrainer`` on the same work for the same wall time.
    train step's seconds (median over steps of the time from the moment the trainer could start
    the step — its batch formed and the previous step committed — to its commit) and the final
    digest. While it runs, every process of the run is sampled once a second for its peak RSS
-   (``VmHWM``), reported per role. After it: the held-out greedy pass rate of version 0 (the
-   checkpoint) and of the final version (``rlx export`` of it), by the run's own evaluator.
+   (``VmHWM``), reported per role. The held-out greedy pass rates of version 0 (the checkpoint)
+   and of the final version (``rlx export`` of it), by the run's own evaluator, are measured
+   after every timed part, with TRL's, in one session whose engine loads each in turn.
 2. **Replay and audit**: ``rlx replay`` of the run (bit-exact: every train step re-derived from the
    ledger must give the logged digests) and ``rlx audit check``.
 3. **Kills**: the same config for ``--kill-steps M`` steps, with the inference worker SIGKILLed once
@@ -274,18 +275,25 @@ def trl_run(args: argparse.Namespace, seconds: float, out: str, *, log=print) ->
     return json.loads(line)
 
 
-def evaluate_checkpoint(config: str, model: str, overrides: Sequence[str]) -> float:
-    """The greedy held-out pass rate of checkpoint ``model`` by the run's own evaluator (the first
-    ``eval.size`` held-out problems, greedy, ``sampling.max_tokens``), as ``VersionEvaluated`` has it."""
+def evaluate_checkpoints(config: str, models: Sequence[str], overrides: Sequence[str]) -> list[float]:
+    """The greedy held-out pass rate of each checkpoint of ``models`` by the run's own evaluator (the
+    first ``eval.size`` held-out problems, greedy, ``sampling.max_tokens``), as ``VersionEvaluated``
+    has it: one session (engine compiled once) built on the first, the others' weights loaded into
+    its engine in turn (the same architecture and tokenizer: an export of the run, TRL's weights)."""
     from runtime import compile_cache
     from runtime.evaluation import greedy_pass_rate
+    from runtime.model import load_hf
     from runtime.session import build_session
 
     compile_cache.enable()
-    cfg = load_config(config, model, overrides)
+    cfg = load_config(config, models[0], overrides)
     session = build_session(cfg, log=lambda line: None)
-    return greedy_pass_rate(session.engine, session.task, session.codec, session.model.params,
-                            size=cfg.eval.size, max_tokens=cfg.max_tokens)
+    rates = []
+    for i, model in enumerate(models):
+        params = session.model.params if i == 0 else load_hf(model, dtype=cfg.model.dtype).params
+        rates.append(greedy_pass_rate(session.engine, session.task, session.codec, params, size=cfg.eval.size,
+                                      max_tokens=cfg.max_tokens))
+    return rates
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -330,25 +338,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary, rss = rlx_run(args.config, out, base)
     timeline = ledger_timeline(out)
     rl_seconds = summary["rl_seconds"]
-    if args.eval_every:
-        base_pass, final_pass = summary["eval_before"], summary["eval_after"]
-    else:  # outside the RL time, as TRL's final weights are evaluated
+    # Checkpoints evaluated after every timed part, in one session: the base model and, unless the
+    # run evaluated itself (--eval-every), its final version (exported); then TRL's final weights.
+    evaluate = [args.model]
+    if not args.eval_every:  # outside the RL time, as TRL's final weights are evaluated
         final = os.path.join(work, "final")
         ok, _, tail = chaos.run_rlx("export", out, "--version", str(steps), "--out", final, timeout_s=RUN_TIMEOUT_S)
         if not ok:
             raise RuntimeError(f"rlx export of version {steps} failed: {tail}")
-        base_pass = evaluate_checkpoint(args.config, args.model, args.set)
-        final_pass = evaluate_checkpoint(args.config, final, args.set)
+        evaluate.append(final)
     result.update({
-        "eval_problems": cfg.eval.size, "base_pass": base_pass, "final_pass": final_pass,
-        "gain_pts": round(100.0 * (final_pass - base_pass), 2), "rl_minutes": round(rl_seconds / 60.0, 2),
+        "eval_problems": cfg.eval.size, "rl_minutes": round(rl_seconds / 60.0, 2),
         "steps_per_min": round(summary["steps_per_minute"], 3),
         "tokens_per_s": round(summary["rollout_tokens_per_s"], 2), "period_s": timeline["period_s"],
         "train_step_s": timeline["train_step_s"], "peak_rss_mib": rss, "final_digest": summary["final_digest"],
         "eval_curve": [(e["version"], e["greedy_pass_rate"]) for e in summary["evaluations"]],
     })
-    print(json.dumps({k: result[k] for k in ("base_pass", "final_pass", "gain_pts", "rl_minutes", "steps_per_min",
-                                             "tokens_per_s", "period_s", "train_step_s", "peak_rss_mib")}))
+    print(json.dumps({k: result[k] for k in ("rl_minutes", "steps_per_min", "tokens_per_s", "period_s",
+                                             "train_step_s", "peak_rss_mib")}))
 
     if not args.skip_replay:
         ok, seconds, tail = chaos.run_rlx("replay", out, timeout_s=RUN_TIMEOUT_S)
@@ -372,17 +379,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         budget = args.trl_seconds if args.trl_seconds is not None else rl_seconds
         trl_out = os.path.join(work, "trl")
         trl = trl_run(args, budget, trl_out)
-        trl_pass = evaluate_checkpoint(args.config, trl_out, args.set)
+        evaluate.append(trl_out)
         trl_steps_per_min = 60.0 * trl["steps"] / max(trl["seconds"], 1e-9)
         result.update({
             "trl_steps": trl["steps"], "trl_minutes": round(trl["seconds"] / 60.0, 2),
-            "trl_steps_per_min": round(trl_steps_per_min, 3), "trl_final_pass": trl_pass,
-            "trl_gain_pts": round(100.0 * (trl_pass - base_pass), 2),
+            "trl_steps_per_min": round(trl_steps_per_min, 3),
             "ratio_vs_trl": round(summary["steps_per_minute"] / max(trl_steps_per_min, 1e-9), 3),
             "trl_period_s": trl["period_s"],
             "ratio_vs_trl_compiled": (round(trl["period_s"] / timeline["period_s"], 3)
                                       if trl["period_s"] and timeline["period_s"] else None),
         })
+
+    rates = evaluate_checkpoints(args.config, evaluate, args.set) if len(evaluate) > 1 else []
+    if args.eval_every:  # the run evaluated versions 0 and N itself, by the same evaluator
+        base_pass, final_pass = summary["eval_before"], summary["eval_after"]
+    else:
+        base_pass, final_pass = rates[0], rates[1]
+    result.update({"base_pass": base_pass, "final_pass": final_pass,
+                   "gain_pts": round(100.0 * (final_pass - base_pass), 2)})
+    if not args.skip_trl:
+        result.update({"trl_final_pass": rates[-1], "trl_gain_pts": round(100.0 * (rates[-1] - base_pass), 2)})
     result["work"] = work
     print(json.dumps(result))
     return 0
