@@ -42,10 +42,10 @@ def serve_run(role: str, client: ControllerClient, *, worker_id: str, log: Log =
         return 0
     work = role_from_config(role, Config.from_dict(info.config), info.params_url, log, gang)
     gc.freeze()  # the model, engine and compiled programs live as long as the process
-    if gang is not None:  # every rank built, whatever its start took: the first collectives see no late rank
-        gang.barrier("ready")
-    if gang is not None and not gang.leader:
-        return work.follow(log)  # type: ignore[attr-defined]
+    if gang is not None:
+        gang.barrier("ready")  # every rank built, however long its start took: no rank is late to a collective
+        if not gang.leader:
+            return work.follow(log)  # type: ignore[attr-defined]
     beat = client.twin()  # heartbeats do not wait behind a long poll
     try:
         code = run_worker(work, client, worker_id=worker_id, run_id=info.run_id, heartbeat_s=info.heartbeat_s,

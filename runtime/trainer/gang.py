@@ -183,7 +183,8 @@ class Gang:
         compiled yet, then wait for every rank, so that the ranks enter its collectives together.
 
         Gloo's collectives on the CPU give up on a rank that arrives more than 30 s after
-        another (a reduce-scatter's TCP read times out, whatever XLA's collective timeout says),
+        another (the first collective's context set-up and a reduce-scatter's TCP read time out,
+        whatever XLA's collective timeout says),
         and compiling a train step for a new shape can take longer than that on a loaded host, by
         a different amount on each rank; the coordination service's barrier waits up to
         ``BARRIER_TIMEOUT_MS``. Compiling first fills ``jitted``'s own cache: the call that follows
