@@ -152,10 +152,12 @@ def _finished(proc: subprocess.Popen, out: str, timeout_s: float = 600) -> None:
         proc.kill()
         _, stderr = proc.communicate()
         tails = [f"rlx run's stderr: {stderr[-1500:]}"]
-        for name in ["workers.jsonl", *sorted(os.listdir(os.path.join(out, "logs")))]:
-            path = os.path.join(out, name) if name.endswith(".jsonl") else os.path.join(out, "logs", name)
+        logs = os.path.join(out, "logs")  # a run in threads mode has neither journal nor logs
+        paths = [os.path.join(out, "workers.jsonl"),
+                 *(os.path.join(logs, n) for n in sorted(os.listdir(logs) if os.path.isdir(logs) else []))]
+        for path in filter(os.path.isfile, paths):
             with open(path, encoding="utf-8", errors="replace") as f:
-                tails.append(f"{name}: {f.read()[-1200:]}")
+                tails.append(f"{os.path.basename(path)}: {f.read()[-1200:]}")
         pytest.fail(f"the run in {out} did not finish within {timeout_s:.0f} s:\n" + "\n".join(tails))
     assert code == 0, proc.communicate()[1][-3000:]
 
