@@ -385,6 +385,10 @@ class SchedulingConfig(Section):
     groups whose rewards are all equal are dropped and replaced, drawing at most
     ``max_groups_per_batch`` groups per batch (default 4 × ``groups_per_batch``); past that,
     the batch is completed with the dropped groups so that every batch has the same shape.
+    ``draw_ahead`` (deterministic mode, with ``filter_groups``): how many groups beyond those a
+    batch still needs are kept in flight, so that a group found uniform has a replacement being
+    sampled already rather than one drawn after it: fewer rounds of sampling a batch, the same
+    prompts in the same order, good groups beyond ``groups_per_batch`` dropped as surplus.
     """
 
     NAME = "scheduling"
@@ -398,11 +402,18 @@ class SchedulingConfig(Section):
     """Drop groups whose rewards are all equal (DAPO dynamic sampling); unset: the algorithm's dynamic_sampling."""
     max_groups_per_batch: int | None = None
     """Most groups drawn for one batch when filtering; unset: 4 x groups_per_batch."""
+    draw_ahead: int | None = None
+    """Groups kept in flight beyond those a batch still needs when filtering; unset: none."""
 
     def check(self) -> None:
         self._choice("mode", MODES)
         self._at_least("max_staleness", 0)
         self._at_least("groups_per_batch", 1)
+        if self.draw_ahead is not None:
+            self._at_least("draw_ahead", 0)
+        if self.draw_ahead and (self.mode != DETERMINISTIC or self.filter_groups is False):
+            raise _fail("scheduling.draw_ahead", self.draw_ahead,
+                        "it needs scheduling.filter_groups and mode = \"deterministic\" (or 0)")
         if self.max_groups_per_batch is not None and self.max_groups_per_batch < self.groups_per_batch:
             raise _fail(
                 "scheduling.max_groups_per_batch", self.max_groups_per_batch,
@@ -975,6 +986,9 @@ class Config:
         if filter_groups is None:
             filter_groups = bool(getattr(self.objective(), "dynamic_sampling", False))
         cap = s.max_groups_per_batch if s.max_groups_per_batch is not None else 4 * s.groups_per_batch
+        if s.draw_ahead and not filter_groups:
+            raise _fail("scheduling.draw_ahead", s.draw_ahead,
+                        f"it needs scheduling.filter_groups, which algorithm {self.algorithm.name!r} leaves off (or 0)")
         data = self.data if data_size is None else dataclasses.replace(self.data, size=data_size)
         if chat_template_digest is not None:
             data = dataclasses.replace(data, chat_template_digest=chat_template_digest)

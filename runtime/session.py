@@ -374,7 +374,8 @@ def make_trainer(session: Session, store, worker_id: str, *, gang=None, replay: 
     says, on the ``trainer.mesh`` (summing gradients in a fixed order with
     ``trainer.deterministic_reduction``), as one rank of ``gang`` if given. A trainer that is not
     the gang ``workers.trainer_processes`` asks for is a one-line error, except in a ``replay``,
-    which retrains in one process (with the gang's device count, the same bits)."""
+    which retrains in one process (with the gang's device count, the same bits) and publishes each
+    version without its optimizer state (the replay's store holds what the steps after it read)."""
     from runtime.trainer.gang import check_devices
     from runtime.workers import StepTrainer
 
@@ -396,7 +397,8 @@ def make_trainer(session: Session, store, worker_id: str, *, gang=None, replay: 
         step = dataclasses.replace(step, fixed_order_mesh=mesh)
     return StepTrainer(worker_id, session.model, session.task, session.codec, store, step,
                        group_size=config.sampling.group_size, width=session.width,
-                       keep_parents=config.scheduling.max_staleness, mesh=mesh, gang=gang)
+                       keep_parents=config.scheduling.max_staleness, mesh=mesh, gang=gang,
+                       store_opt_state=not replay)
 
 
 def resolve(config: Config, task) -> Config:

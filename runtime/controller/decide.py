@@ -15,8 +15,8 @@ Rules, in priority order (the first that applies fires, then all are tried again
 3. **discard** (freshest mode): groups whose version is below the next batch's staleness
    bound → ``GroupDiscarded(stale)``; resolved groups with uniform rewards while filtering →
    ``GroupDiscarded(uniform_reward)``.
-4. **form** the next batch → (deterministic mode: ``GroupDiscarded`` of its unselected groups)
-   ``BatchFormed``.
+4. **form** the next batch → (deterministic mode: ``GroupDiscarded`` of its unselected groups,
+   ``uniform_reward`` or ``surplus``) ``BatchFormed``.
 5. **request** new groups → ``PromptsSampled`` + one ``RolloutRequested`` per group.
 6. **assign** pending requests to inference workers with free slots → one ``RolloutAssigned``
    per worker.
@@ -24,12 +24,17 @@ Rules, in priority order (the first that applies fires, then all are tried again
 Deterministic mode: batch ``s`` is requested once version ``max(0, s-1-k)`` is published, and
 only from it. Its groups have ordinals 0, 1, …; ordinal ``o < G`` takes the prompt at stream
 position ``(s-1)·G + o``, later ordinals (replacing filtered groups) a keyed draw. When
-filtering, a new ordinal is requested while fewer than ``G`` requested groups are not known to
-be uniform and fewer than ``max_groups_per_batch`` are requested, so the requested ordinals are
-exactly ``0..M-1`` with ``M`` the shortest prefix holding ``G`` non-uniform groups (or the cap),
-whatever order results arrive in. The batch takes the non-uniform groups of that prefix (topped
-up with the lowest uniform ordinals at the cap), in ordinal order: its content is a function of
-the seed, data and weights alone (I7).
+filtering, a new ordinal is requested while fewer than ``G`` groups have resolved non-uniform,
+fewer than the ``G`` minus those, plus ``draw_ahead``, are unresolved, and fewer than
+``max_groups_per_batch`` are requested; the batch is formed once every requested group has
+resolved. The requested ordinals are thus a prefix ``0..M-1`` holding at least ``G``
+non-uniform groups (or the cap); with ``draw_ahead = 0`` exactly the shortest such prefix,
+whatever order results arrive in, and with more, a longer one that depends on the order. The
+batch takes the ``G`` lowest non-uniform ordinals of that prefix (topped up with the lowest
+uniform ordinals at the cap), in ordinal order, and drops the other non-uniform groups as
+``surplus``. A group's rewards do not depend on when it resolves, and the ``G`` lowest
+non-uniform ordinals of any prefix holding ``G`` are those of the whole sequence, so the batch's
+content is a function of the seed, data and weights alone (I7), whatever ``M`` is.
 
 Freshest mode: new groups are requested from the newest version while fewer than
 ``(k+1)·G`` groups are live or formed and untrained; batches take resolved groups in the order
@@ -46,6 +51,7 @@ from runtime.controller.state import ControllerState
 
 STALE = "stale"
 UNIFORM = "uniform_reward"
+SURPLUS = "surplus"  # a good group beyond a batch's groups_per_batch (scheduling.draw_ahead)
 
 
 def decide(state: ControllerState) -> list[ev.Event]:
@@ -150,7 +156,8 @@ def _form(s: ControllerState) -> list[ev.Event]:
         good, uniform = sorted(plan.good), sorted(plan.uniform)
         chosen = set(good[:G] + uniform[: max(0, G - len(good))])
         out: list[ev.Event] = [
-            ev.GroupDiscarded(plan.groups[o], UNIFORM) for o in range(len(plan.groups)) if o not in chosen
+            ev.GroupDiscarded(plan.groups[o], SURPLUS if o in plan.good else UNIFORM)
+            for o in range(len(plan.groups)) if o not in chosen
         ]
         group_ids = tuple(plan.groups[o] for o in sorted(chosen))
     else:
@@ -196,8 +203,9 @@ def _request(s: ControllerState) -> list[ev.Event]:
             return []
         for batch in sorted(s.plans.keys()):
             plan = s.plans[batch]
-            n = len(plan.groups)
-            if n - len(plan.uniform) < G and n < spec.max_groups_per_batch:
+            n, good = len(plan.groups), len(plan.good)
+            # In flight: as many groups as the batch still needs, and draw_ahead more.
+            if good < G and n - plan.resolved < G - good + spec.draw_ahead and n < spec.max_groups_per_batch:
                 prompt = rng.resample_prompt(spec.seed, spec.dataset_size, batch, n)
                 epoch = (batch - 1) * G // spec.dataset_size
                 return [ev.PromptsSampled(batch, epoch, (prompt,), n, -1), *_group(s, batch, n, prompt, plan.version)]

@@ -38,6 +38,7 @@ class ControllerSpec(NamedTuple):
     sampling: dict
     keep_every: int = 0
     eval_every: int = 0
+    draw_ahead: int = 0
 
     def evaluated(self, version: int) -> bool:
         """Whether ``version`` is due for held-out evaluation (``eval.every_steps``): every N-th
@@ -121,4 +122,5 @@ class ControllerSpec(NamedTuple):
             sampling=sampling.request(),
             keep_every=params.keep_every,
             eval_every=0 if evaluation is None else evaluation.every_steps,
+            draw_ahead=scheduling.draw_ahead or 0,
         )

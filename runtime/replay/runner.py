@@ -15,8 +15,9 @@ Every stage streams the log (``runtime.replay.plan``): memory follows what the r
 (the controller's state and payload cache, the versions it retained), not the log's length.
 
 The run's parameter store is only read: it must hold every version the ledger retains, with the
-logged digests. Re-derived versions go to a private in-memory store, from which versions are
-deleted where the run retired them, so the trainer sees what it saw in the run.
+logged digests. Re-derived versions go to a private in-memory store, without their optimizer
+state (the next step trains from the state the trainer holds), from which versions are deleted
+where the run retired them, so the trainer sees what it saw in the run.
 """
 
 from __future__ import annotations
@@ -305,6 +306,7 @@ class _Rerun:
         self.trainer = make_trainer(session, self.store, "replay-trainer", replay=True)
         # A fork's steps after its RunForked train with the fork's settings: one trainer per config.
         self._trainers = {plan.run.config_digest: self.trainer}
+        self._last = self.trainer  # the trainer of the last step re-run
         self.sampler = None if not sample else EngineWorker(
             "replay-inference", session.engine, session.task, session.codec,
             lambda v: (self.store.get(v), self.store.digest(v)))
@@ -430,8 +432,11 @@ class _Rerun:
             config = run_inputs.located(Config.from_dict(fork.config), {"inputs": fork.inputs})
             session = dataclasses.replace(self.session, config=config,
                                           step_config=step_config(config, self.session.model))
-            self._trainers[digest] = make_trainer(session, self.store, "replay-trainer", replay=True)
-        return self._trainers[digest]
+            trainer = make_trainer(session, self.store, "replay-trainer", replay=True)
+            trainer.adopt(self._last)  # the fork's first step trains from the version at the fork
+            self._trainers[digest] = trainer
+        self._last = self._trainers[digest]
+        return self._last
 
     def regenerate(self, batch: Sampled) -> list[Divergence]:
         """Re-sample every accepted rollout of a version and compare it with the logged one."""

@@ -50,11 +50,15 @@ class StepTrainer:
     ``mesh`` (``runtime.trainer.mesh``): the device mesh its parameters, optimizer state and
     batches are laid out on; None, one device. ``gang`` (``runtime.trainer.gang``): the trainer
     gang this process is a rank of, whose ranks run every step together and each write their own
-    shards of a version; None, a trainer of one process.
+    shards of a version; None, a trainer of one process. ``store_opt_state``: each version is
+    published with its optimizer state (what a resume or another trainer needs to train from it);
+    False, with its parameters only, for a replay, whose next step trains from the state this
+    trainer holds (``adopt`` hands it to another trainer).
     """
 
     def __init__(self, worker_id: str, model: Model, task: Task, codec: TextCodec, store: ParamStore, config: StepConfig,
-                 *, group_size: int, width: int, keep_parents: int = 0, mesh=None, gang=None):
+                 *, group_size: int, width: int, keep_parents: int = 0, mesh=None, gang=None,
+                 store_opt_state: bool = True):
         self.worker_id = worker_id
         self.model = model
         self.task = task
@@ -65,6 +69,7 @@ class StepTrainer:
         self.width = width
         self.mesh = mesh
         self.gang = gang
+        self.store_opt_state = store_opt_state
         # Version 0, the KL / preference reference; a copy, because train steps donate their inputs.
         self._reference = shard_tree(mesh, jax.tree.map(jnp.array, model.params))
         self._state: tuple[int, str, dict, object] | None = None  # version, digest, params, opt state
@@ -79,7 +84,7 @@ class StepTrainer:
     def initialize(self, task: InitTask) -> WeightsPublished:
         params = shard_tree(self.mesh, jax.tree.map(jnp.array, self.model.params))
         opt_state = make_optimizer(self.config).init(params)
-        digest = self.store.put(0, params, opt_state, gang=self.gang)
+        digest = self.store.put(0, params, opt_state if self.store_opt_state else None, gang=self.gang)
         self._state = (0, digest, params, opt_state)
         return WeightsPublished(0, digest, -1, "")
 
@@ -92,6 +97,11 @@ class StepTrainer:
             return self.config
         return dataclasses.replace(self.config, prefix=shared_prefix(samples, self.group_size,
                                                                      self.config.prefix_per_octave))
+
+    def adopt(self, other: StepTrainer) -> None:
+        """Train on from the version ``other`` last trained or loaded, with its optimizer state (a
+        replay's trainer for a fork's settings takes over from the run's at the fork)."""
+        self._state = other._state
 
     def _parent(self, version: int, digest: str) -> tuple[dict, object]:
         if self._state is not None and self._state[:2] == (version, digest):
@@ -200,7 +210,7 @@ class StepTrainer:
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))
         metrics["staleness_max"] = float(task.step - 1 - int(batch.versions_B.min()))
         metrics["staleness_mean"] = float(np.mean(task.step - 1 - batch.versions_B))
-        digest = self.store.put(task.step, new_params, new_opt, gang=self.gang)
+        digest = self.store.put(task.step, new_params, new_opt if self.store_opt_state else None, gang=self.gang)
         self._state = (task.step, digest, new_params, new_opt)
         self.last_metrics = metrics
         return (

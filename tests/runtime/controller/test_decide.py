@@ -94,6 +94,60 @@ def test_uniform_groups_are_replaced_and_discarded_in_ordinal_order():
     assert len(replacements) >= len(discarded)  # every dropped group was replaced by a new draw
 
 
+def _filtered_run(ahead: int, slots: int):
+    """A 4-step filtered run with ``draw_ahead=ahead`` on a worker of ``slots`` slots: each
+    batch's (ordinal, prompt) pairs, the most groups in flight for one batch, the discards."""
+    store, loop = start("scheduling.max_staleness=0", "scheduling.filter_groups=true", "sampling.group_size=3",
+                        "scheduling.max_groups_per_batch=8", f"scheduling.draw_ahead={ahead}", size=16)
+    loop.join("w", INFERENCE, slots=slots)
+    loop.join("v", VERIFIER)
+    most = 0
+    verifier, worker, trainer = SimVerifier(), SimInference("w", slots), SimTrainer(seed=1)
+    for _ in range(400):
+        if loop.state.trained >= 4:
+            break
+        most = max([most, *(len(p.groups) - p.resolved for p in loop.state.plans.values())])
+        train_once(loop, trainer)
+        leases = loop.leases("w")
+        if leases:
+            loop.complete(worker.generate(leases))
+        tasks = loop.scoring_work("v", 100)
+        if tasks:
+            loop.record_outcomes(verifier.score(tasks))
+    assert loop.state.trained >= 4
+    events = store.events("r")
+    groups = {e.group_id: e for e in events if isinstance(e, ev.RolloutRequested)}
+    batches = [[(groups[g].ordinal, groups[g].prompt_index) for g in b.group_ids]
+               for b in events if isinstance(b, ev.BatchFormed)]
+    return batches, most, [e.reason for e in events if isinstance(e, ev.GroupDiscarded)]
+
+
+def test_draw_ahead_keeps_more_groups_in_flight_and_forms_the_same_batches():
+    # I7: a batch's groups are the lowest non-uniform ordinals whatever was requested beyond them.
+    batches, most, reasons = _filtered_run(0, 8)
+    assert most <= 2 and set(reasons) == {"uniform_reward"}
+    assert any(ordinal >= 2 for batch in batches for ordinal, _ in batch)  # some replaced a uniform group
+    for ahead, slots in ((2, 8), (3, 8), (3, 2)):
+        got, most_ahead, reasons_ahead = _filtered_run(ahead, slots)
+        assert got == batches, (ahead, slots)
+        assert most_ahead > most
+        assert set(reasons_ahead) <= {"uniform_reward", "surplus"}
+    assert "surplus" in _filtered_run(3, 8)[2]  # good groups past the batch are dropped as such
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["scheduling.draw_ahead=-1"], "scheduling.draw_ahead"),
+    (["scheduling.draw_ahead=2", "scheduling.mode=freshest", "scheduling.filter_groups=true"], "deterministic"),
+    (["scheduling.draw_ahead=2", "scheduling.filter_groups=false"], "filter_groups"),
+    (["scheduling.draw_ahead=2"], "filter_groups"),  # the default algorithm filters nothing
+])
+def test_draw_ahead_is_refused_where_it_does_nothing(overrides, message):
+    from runtime.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides, data_size=8).resolved(data_size=8)
+
+
 def test_freshest_mode_discards_stale_groups_and_requests_from_the_newest():
     store, loop = start("scheduling.mode=freshest", "scheduling.max_staleness=0", "run.steps=3")
     loop.join("w", INFERENCE, slots=1)

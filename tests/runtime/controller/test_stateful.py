@@ -81,14 +81,16 @@ class ControllerMachine(RuleBasedStateMachine):
         seed=st.integers(0, 2**32),
         workers=st.lists(st.integers(1, 3), min_size=1, max_size=3),
         snapshot_every=st.integers(2, 16),
+        ahead=st.integers(0, 2),
     )
-    def start(self, k, group_size, groups, steps, size, keep, every, seed, workers, snapshot_every):
+    def start(self, k, group_size, groups, steps, size, keep, every, seed, workers, snapshot_every, ahead):
         mode, filter_groups = self.MODE, self.FILTER
         self.config = load_config(None, [
             f"scheduling.mode={mode}", f"scheduling.max_staleness={k}", f"scheduling.filter_groups={str(filter_groups).lower()}",
             f"sampling.group_size={group_size}", f"scheduling.groups_per_batch={groups}",
             f"scheduling.max_groups_per_batch={2 * groups}", f"run.steps={steps}", f"params.keep_newest={keep}",
             f"params.keep_every={every}", f"run.seed={seed}",
+            f"scheduling.draw_ahead={ahead if filter_groups and mode == 'deterministic' else 0}",
         ], data_size=size)
         event(f"mode={mode} k={k} filter={filter_groups}")
         self.dir = tempfile.mkdtemp(prefix="rlx-ctl-")

@@ -40,7 +40,7 @@ def _logged(small_run):
     return events, config
 
 
-def _derive(events, config, store, keep_parents):
+def _derive(events, config, store, keep_parents, store_opt_state=True):
     """Re-run every logged batch with a fresh worker; the digest of each version, and how many
     steps needed a version other than their parent and 0 for old log-probs."""
     session = build_session(config, log=lambda m: None, judge=False, engine=False)
@@ -48,7 +48,8 @@ def _derive(events, config, store, keep_parents):
     done = {e.rollout_id: e for e in events if isinstance(e, ev.RolloutCompleted)}
     outcomes = {e.rollout_id: e for e in events if isinstance(e, ev.OutcomeRecorded)}
     trainer = StepTrainer("t", session.model, session.task, session.codec, store, session.step_config,
-                          group_size=config.sampling.group_size, width=session.width, keep_parents=keep_parents)
+                          group_size=config.sampling.group_size, width=session.width, keep_parents=keep_parents,
+                          store_opt_state=store_opt_state)
     digests = {0: trainer.initialize(None).digest}
     older_steps = 0
     for b in (e for e in events if isinstance(e, ev.BatchFormed)):
@@ -85,3 +86,25 @@ def test_recomputed_old_log_probs_come_from_the_parent_cache_or_the_store_alike(
     (cached_reads, older_steps), (store_reads, _) = reads
     assert older_steps >= 1  # some step needed an older version than 0 for its old log-probs
     assert cached_reads == 0 and store_reads == older_steps
+
+
+def test_a_trainer_that_stores_no_optimizer_state_trains_on_from_the_state_it_holds(small_run, tmp_path):
+    # A replay's trainer: versions published with their parameters only, the same digests, the
+    # old log-probs of older rows recomputed from those parameters read back.
+    import pytest
+
+    from runtime.params import ParamStoreError
+
+    events, config = _logged(small_run)
+    logged = {e.version: e.digest for e in events if isinstance(e, ev.WeightsPublished)}
+    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, old_logprobs="recompute"))
+    store = CountingStore.open(str(tmp_path / "params"), create=True)
+    CountingStore.reads = 0
+    digests, older_steps = _derive(events, config, store, keep_parents=0, store_opt_state=False)
+    assert digests == _derive(events, config, ParamStore.open("memory://opt-kept/"), keep_parents=0)[0]
+    assert older_steps >= 1 and CountingStore.reads == older_steps
+    assert set(digests) == set(logged)
+    for version in store.versions():
+        assert store.digest(version) == digests[version]
+        with pytest.raises(ParamStoreError, match="without optimizer state"):
+            store.get_opt_state(version)
