@@ -986,7 +986,7 @@ class Config:
         if filter_groups is None:
             filter_groups = bool(getattr(self.objective(), "dynamic_sampling", False))
         cap = s.max_groups_per_batch if s.max_groups_per_batch is not None else 4 * s.groups_per_batch
-        if s.draw_ahead and not filter_groups:
+        if s.draw_ahead and not filter_groups:  # left to the algorithm (check() refuses an explicit false)
             raise _fail("scheduling.draw_ahead", s.draw_ahead,
                         f"it needs scheduling.filter_groups, which algorithm {self.algorithm.name!r} leaves off (or 0)")
         data = self.data if data_size is None else dataclasses.replace(self.data, size=data_size)

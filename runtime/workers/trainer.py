@@ -84,8 +84,7 @@ class StepTrainer:
     def initialize(self, task: InitTask) -> WeightsPublished:
         params = shard_tree(self.mesh, jax.tree.map(jnp.array, self.model.params))
         opt_state = make_optimizer(self.config).init(params)
-        digest = self.store.put(0, params, opt_state if self.store_opt_state else None, gang=self.gang)
-        self._state = (0, digest, params, opt_state)
+        digest = self._publish(0, params, opt_state)
         return WeightsPublished(0, digest, -1, "")
 
     # -- steps -----------------------------------------------------------------------------------
@@ -97,6 +96,12 @@ class StepTrainer:
             return self.config
         return dataclasses.replace(self.config, prefix=shared_prefix(samples, self.group_size,
                                                                      self.config.prefix_per_octave))
+
+    def _publish(self, version: int, params: dict, opt_state) -> str:
+        """Store ``version`` (with its optimizer state when ``store_opt_state``) and train on from it."""
+        digest = self.store.put(version, params, opt_state if self.store_opt_state else None, gang=self.gang)
+        self._state = (version, digest, params, opt_state)
+        return digest
 
     def adopt(self, other: StepTrainer) -> None:
         """Train on from the version ``other`` last trained or loaded, with its optimizer state (a
@@ -210,8 +215,7 @@ class StepTrainer:
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))
         metrics["staleness_max"] = float(task.step - 1 - int(batch.versions_B.min()))
         metrics["staleness_mean"] = float(np.mean(task.step - 1 - batch.versions_B))
-        digest = self.store.put(task.step, new_params, new_opt if self.store_opt_state else None, gang=self.gang)
-        self._state = (task.step, digest, new_params, new_opt)
+        digest = self._publish(task.step, new_params, new_opt)
         self.last_metrics = metrics
         return (
             TrainStepCompleted(task.step, batch.digest(), metrics),

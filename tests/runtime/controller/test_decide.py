@@ -43,13 +43,16 @@ def test_deterministic_mode_requests_every_batch_its_staleness_allows(k, batches
     assert [r.rollout_id for r in reqs] == list(range(len(reqs)))
 
 
-def run_steps(loop, store, n, verifier=None, worker=None):
+def run_steps(loop, store, n, verifier=None, worker=None, each=None):
+    """Train, sample and score until ``n`` steps are trained; ``each()`` before every round."""
     verifier = verifier or SimVerifier()
     worker = worker or SimInference("w", 8)
     trainer = SimTrainer(seed=1)
     for _ in range(200):
         if loop.state.trained >= n:
             return
+        if each is not None:
+            each()
         train_once(loop, trainer)
         leases = loop.leases("w")
         if leases:
@@ -101,20 +104,13 @@ def _filtered_run(ahead: int, slots: int):
                         "scheduling.max_groups_per_batch=8", f"scheduling.draw_ahead={ahead}", size=16)
     loop.join("w", INFERENCE, slots=slots)
     loop.join("v", VERIFIER)
-    most = 0
-    verifier, worker, trainer = SimVerifier(), SimInference("w", slots), SimTrainer(seed=1)
-    for _ in range(400):
-        if loop.state.trained >= 4:
-            break
-        most = max([most, *(len(p.groups) - p.resolved for p in loop.state.plans.values())])
-        train_once(loop, trainer)
-        leases = loop.leases("w")
-        if leases:
-            loop.complete(worker.generate(leases))
-        tasks = loop.scoring_work("v", 100)
-        if tasks:
-            loop.record_outcomes(verifier.score(tasks))
-    assert loop.state.trained >= 4
+    in_flight = [0]
+
+    def count():
+        in_flight.extend(len(p.groups) - p.resolved for p in loop.state.plans.values())
+
+    run_steps(loop, store, 4, worker=SimInference("w", slots), each=count)
+    most = max(in_flight)
     events = store.events("r")
     groups = {e.group_id: e for e in events if isinstance(e, ev.RolloutRequested)}
     batches = [[(groups[g].ordinal, groups[g].prompt_index) for g in b.group_ids]

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from ledger import events as ev
 from ledger import open_store
 from runtime.config import Config
 from runtime.controller.workers import TrainRollout, TrainTask
-from runtime.params import ParamStore
+from runtime.params import ParamStore, ParamStoreError
 from runtime.session import build_session
 from runtime.workers import StepTrainer
 
@@ -91,10 +93,6 @@ def test_recomputed_old_log_probs_come_from_the_parent_cache_or_the_store_alike(
 def test_a_trainer_that_stores_no_optimizer_state_trains_on_from_the_state_it_holds(small_run, tmp_path):
     # A replay's trainer: versions published with their parameters only, the same digests, the
     # old log-probs of older rows recomputed from those parameters read back.
-    import pytest
-
-    from runtime.params import ParamStoreError
-
     events, config = _logged(small_run)
     logged = {e.version: e.digest for e in events if isinstance(e, ev.WeightsPublished)}
     config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, old_logprobs="recompute"))
