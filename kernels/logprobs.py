@@ -60,3 +60,21 @@ def token_logprobs_and_entropy(
     logp_XV = tempered_log_softmax(logits_XV, temperature)
     logp_X = jnp.take_along_axis(logp_XV, tokens_X[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return logp_X, -jnp.sum(jnp.exp(logp_XV) * logp_XV, axis=-1)
+
+
+def exact_token_logprobs(logits_XV: jax.Array, tokens_X: jax.Array, temperature: float | jax.Array = 1.0) -> jax.Array:
+    """``token_logprobs`` (the same definition) computed so that a row's bits do not depend on
+    the program around it: the exact-log-prob mode's (``runtime.numerics``) engine and train step.
+
+    The maximum is exact in any order; the sum of the exponentials is a matrix-vector product with
+    a vector of ones, whose order is the matmul's own, not that of a reduction the compiler may
+    fuse with its neighbours (a train step's backward pass reads the same exponentials, and
+    XLA:CPU then emits the fused sum another way).
+    """
+    temperature_X = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), logits_XV.shape[:-1])
+    temperature_X1 = temperature_X[..., None]
+    z_XV = logits_XV.astype(jnp.float32) / jnp.where(temperature_X1 > 0, temperature_X1, 1.0)
+    shifted_XV = z_XV - jax.lax.stop_gradient(jnp.max(z_XV, axis=-1, keepdims=True))
+    total_X = jnp.dot(jnp.exp(shifted_XV), jnp.ones(shifted_XV.shape[-1], jnp.float32))
+    picked_X = jnp.take_along_axis(shifted_XV, tokens_X[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return picked_X - jnp.log(total_X)

@@ -17,7 +17,7 @@ with the softmax computed in float32 and ``scale`` applied exactly once, to the 
 slots at or past ``n`` never contribute, whatever they hold (NaN included): they are selected away
 with ``where``, never multiplied by zero. A sequence with ``n = 0`` gets a zero output.
 
-Three implementations share this contract, chosen by ``impl=``:
+Four implementations share this contract, chosen by ``impl=``:
 
 - ``"reference"``: gathers each sequence's pages and runs dense masked attention in ``jnp``. The
   oracle. A row's result depends only on that row's inputs at a fixed ``[B, pages_per_seq]``
@@ -28,6 +28,9 @@ Three implementations share this contract, chosen by ``impl=``:
   ``lengths_B``, so one compiled program serves every length): its cost follows the longest live
   sequence. A row's state changes only on its own pages, in page order, so its result does not
   depend on the other rows' lengths (batch invariance). One page gives the reference's bits.
+- ``"ordered"``: ``kernels.ordered_attention``'s page-by-page online softmax with every sum in a
+  fixed order (elementwise operations only), the bits the trainer's exact-log-prob forward pass
+  computes for the same query (``trainer.exact_logprobs``); slower than ``"live"``.
 - ``"pallas"``: a Pallas TPU kernel (``pallas_interpret`` runs the same kernel in interpret mode,
   which is how it is tested on CPU). Lengths and page indices are scalar-prefetched; the BlockSpec
   index map picks the physical page, so no gathered copy of the cache is materialised. The grid is
@@ -43,7 +46,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-IMPLS = ("reference", "live", "pallas", "pallas_interpret")
+from kernels.ordered_attention import paged_attention_ordered
+
+IMPLS = ("reference", "live", "ordered", "pallas", "pallas_interpret")
 
 
 def paged_attention(
@@ -76,6 +81,10 @@ def paged_attention(
         )
     if impl == "live":
         return paged_attention_live(
+            q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP, scale=scale
+        )
+    if impl == "ordered":
+        return paged_attention_ordered(
             q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP, scale=scale
         )
     if impl in ("pallas", "pallas_interpret"):

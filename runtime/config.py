@@ -493,7 +493,14 @@ class TrainerConfig(Section):
     itself, ``runtime.trainer.batch.pack_bins``) instead of one padded row each: the same per-token
     values up to float rounding, less padding computed when lengths differ; it replaces the shared
     prefix and the completion window (which need a group's rows side by side). A run logged before
-    it existed reads as false."""
+    it existed reads as false. ``exact_logprobs``: the trainer's log-prob of every sampled token
+    equals the engine's bit for bit (``runtime.numerics``): the engine's decode and prefill
+    attention and the trainer's run in one fixed order over pages of ``workers.page_size`` tokens,
+    every matmul has at least 64 rows, and the processes compile without fused multiply-adds; the
+    controller then requires a zero log-prob mismatch on every step, and ``old_logprobs`` resolves
+    to ``"behaviour"`` whatever the dtype. It computes every row in full (no shared prefix or
+    completion window); on the CPU backend of x86-64 only, and not with a ``model`` mesh axis.
+    Unset, a new run resolves it to false, and a run logged before it existed reads as false."""
 
     NAME = "trainer"
     learning_rate: float = 2e-4
@@ -526,6 +533,8 @@ class TrainerConfig(Section):
     processes)."""
     pack: bool = False
     """Pack several sequences into each row of the step instead of one padded row each."""
+    exact_logprobs: bool | None = None
+    """The trainer's log-probs equal the engine's bit for bit (CPU, x86-64); unset: false."""
 
     @property
     def bounded(self) -> bool:
@@ -541,6 +550,10 @@ class TrainerConfig(Section):
             if getattr(self, name) and self.pack:
                 raise _fail(f"trainer.{name}", getattr(self, name),
                             "it works on padded rows (a group's rows side by side): false, or unset with trainer.pack")
+        for name in ("shared_prefix", "completion_logits"):  # the exact forward computes every row in full
+            if getattr(self, name) and self.exact_logprobs:
+                raise _fail(f"trainer.{name}", getattr(self, name),
+                            "trainer.exact_logprobs computes every row in full: false, or unset")
         if self.pack and self.deterministic_reduction:
             raise _fail("trainer.pack", self.pack, "the fixed-order reduction sums padded rows: set "
                                                    "trainer.deterministic_reduction=false, or trainer.pack=false")
@@ -558,6 +571,10 @@ class TrainerConfig(Section):
             raise _fail("trainer.micro_batch_size", self.micro_batch_size,
                         f"on trainer.mesh {shape.describe()} a micro-batch splits over its {rows} row shards: "
                         f"give a multiple of {rows}")
+        if self.exact_logprobs and shape.model > 1:
+            raise _fail("trainer.exact_logprobs", self.exact_logprobs,
+                        f"a model axis splits the contractions over devices (trainer.mesh {shape.describe()}): "
+                        "use a mesh of model=1, or trainer.exact_logprobs=false")
         if self.deterministic_reduction and shape.model > 1:
             raise _fail("trainer.deterministic_reduction", self.deterministic_reduction,
                         "it fixes the order of the sums over the batch's rows (data, fsdp), not over the model "
@@ -599,7 +616,7 @@ class InferenceConfig(Section):
                                                     "trainer's axes): write inference.mesh={model=N}")
 
 
-ATTENTIONS = ("auto", "live", "reference", "pallas")
+ATTENTIONS = ("auto", "live", "reference", "pallas", "ordered")
 MAX_TRAINER_PROCESSES = 64  # one host's worth of ranks for the local launcher
 PROCESSES = "processes"
 THREADS = "threads"
@@ -645,7 +662,8 @@ class WorkersConfig(Section):
     trainer_processes: int = 1
     """Trainer processes (more than 1: a gang joined with jax.distributed, processes mode)."""
     attention: str | None = None
-    """The engine's decode attention: auto, live, reference or pallas; unset: auto."""
+    """The engine's decode attention: auto, live, reference, pallas or ordered; unset: auto (ordered with
+    trainer.exact_logprobs)."""
     no_progress_s: float = 600.0
     """Seconds without progress after which the host says what the run waits for (0: never)."""
     devices: str | dict | None = None
@@ -913,6 +931,14 @@ class Config:
             raise _fail("trainer.micro_batch_size", micro,
                         f"it must be 0 (the whole batch) or divide the batch of {rows} rows "
                         "(scheduling.groups_per_batch × sampling.group_size)")
+        if self.trainer.exact_logprobs:
+            if MeshShape.of(self.inference.mesh).model > 1:
+                raise _fail("trainer.exact_logprobs", True, "the engine's model axis splits its contractions over "
+                                                            "devices: set inference.mesh={} or trainer.exact_logprobs=false")
+            if self.workers.attention not in (None, "auto", "ordered"):
+                raise _fail("workers.attention", self.workers.attention,
+                            "trainer.exact_logprobs runs the engine's attention in the trainer's order: leave "
+                            "workers.attention unset (or \"ordered\")")
         gang, mesh = self.workers.trainer_processes, MeshShape.of(self.trainer.mesh).size
         if gang > 1 and mesh % gang:
             raise _fail("trainer.mesh", self.trainer.mesh,
@@ -1005,21 +1031,28 @@ class Config:
             raise _fail("eval.samples", samples, f"it must be >= eval.k ({k}; by default sampling.group_size): "
                                                  "pass@k needs k samples")
         trainer = self.trainer
+        if trainer.exact_logprobs is None:
+            trainer = dataclasses.replace(trainer, exact_logprobs=False)
         if trainer.shared_prefix is None:
-            trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded and not trainer.pack)
+            trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded and not trainer.pack
+                                          and not trainer.exact_logprobs)
         if trainer.prefix_per_octave is None:
             trainer = dataclasses.replace(trainer, prefix_per_octave=8)
         if trainer.completion_logits is None:
-            trainer = dataclasses.replace(trainer, completion_logits=not trainer.bounded and not trainer.pack)
+            trainer = dataclasses.replace(trainer, completion_logits=not trainer.bounded and not trainer.pack
+                                          and not trainer.exact_logprobs)
         if trainer.old_logprobs is None:
             trainer = dataclasses.replace(
-                trainer, old_logprobs="behaviour" if self.model.dtype == "float32" else "recompute"
+                trainer, old_logprobs="behaviour" if self.model.dtype == "float32" or trainer.exact_logprobs
+                else "recompute"
             )
         verifier = self.verifier
         if reward_digest is not None:
             verifier = dataclasses.replace(verifier, reward_digest=reward_digest)
         workers = self.workers
-        if workers.attention is None:  # the backend is the inference worker's: settled where it runs
+        if trainer.exact_logprobs:  # the engine's attention in the trainer's order
+            workers = dataclasses.replace(workers, attention="ordered")
+        elif workers.attention is None:  # the backend is the inference worker's: settled where it runs
             workers = dataclasses.replace(workers, attention="auto")
         if workers.devices is None:  # the host's devices: laid out where it runs (runtime.placement)
             workers = dataclasses.replace(workers, devices="auto")

@@ -179,6 +179,10 @@ class EngineShape:
             mesh = make_mesh(MeshShape(model=self.model_devices))
         except ValueError as e:
             raise UsageError(str(e).replace("trainer.mesh", "inference.mesh")) from None
+        if self.attention == "ordered":  # the exact log-probs' engine
+            from runtime.numerics import check_exact_backend
+
+            check_exact_backend()
         return Engine(model, mesh=mesh, max_slots=self.slots, page_size=self.page_size,
                       num_pages=(self.pages or self.slots * self.pages_per_seq) + 1,
                       max_seq_len=self.pages_per_seq * self.page_size, prefill_buckets=self.buckets,
@@ -353,7 +357,9 @@ def step_config(config: Config, model):
 
     step = StepConfig.of(config.trainer, model=model.config, objective=config.objective(),
                          temperature=config.sampling.temperature, group_size=config.sampling.group_size)
-    if config.trainer.completion_logits:
+    if config.trainer.exact_logprobs:  # every row in full, the engine's bits for its pages
+        step = dataclasses.replace(step, exact_block=config.workers.page_size, share_prefix=False)
+    elif config.trainer.completion_logits:
         step = dataclasses.replace(step, completion_window=config.max_tokens)
     return step
 
@@ -395,6 +401,10 @@ def make_trainer(session: Session, store, worker_id: str, *, gang=None, replay: 
         step = dataclasses.replace(step, row_shards=mesh.shape["data"] * mesh.shape["fsdp"])
     if config.trainer.deterministic_reduction and mesh is not None:
         step = dataclasses.replace(step, fixed_order_mesh=mesh)
+    if step.exact_block > 0:
+        from runtime.numerics import check_exact_backend
+
+        check_exact_backend()
     return StepTrainer(worker_id, session.model, session.task, session.codec, store, step,
                        group_size=config.sampling.group_size, width=session.width,
                        keep_parents=config.scheduling.max_staleness, mesh=mesh, gang=gang,

@@ -92,6 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.run import run
 
     config = config_from_args(args)
+    if config.trainer.exact_logprobs:  # compiled without fused multiply-adds, the workers it starts too
+        from runtime.numerics import ensure_exact_process
+
+        ensure_exact_process()
     compile_cache.enable()  # the model, engine and train step this machine compiled before
     console = Console()
     out = args.out

@@ -119,7 +119,9 @@ class Engine:
         up to ``max(1, prefill_tokens // T)`` others (at most ``max_slots``) in one call of that
         fixed shape, whose unused rows are empty. More rows amortise a call when many requests
         arrive at once; fewer cost less when they trickle in one by one.
-      attention_impl: paged attention implementation (``kernels.paged_attention.IMPLS``).
+      attention_impl: paged attention implementation (``kernels.paged_attention.IMPLS``);
+        ``"ordered"`` is the exact mode (``runtime.numerics``): prefill and decode compute every
+        log-prob with the bits ``runtime.model.exact_forward`` gives the trainer, at some cost.
       mesh: a ``jax.sharding.Mesh`` whose ``model`` axis splits the weights (attention heads, MLP
         units, the LM head's vocabulary; ``runtime.trainer.mesh.param_spec``) and the KV cache's
         kv heads (when the axis divides them) over its devices, one SPMD program per call; None,
@@ -254,7 +256,9 @@ class Engine:
             return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=whole)
 
         decode = functools.partial(decode_steps, config=c, attention_impl=self.attention_impl)
-        fill = functools.partial(prefill_into_slots, config=c)
+        # The exact mode's decode attention; its prefill then computes with the same order and rows.
+        exact_block = self.page_size if self.attention_impl == "ordered" else 0
+        fill = functools.partial(prefill_into_slots, config=c, exact_block=exact_block)
         if whole is None:
             step = jax.jit(decode, donate_argnums=(1, 2))
             prefill = jax.jit(fill, donate_argnums=(5, 6))

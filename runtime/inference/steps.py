@@ -25,9 +25,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.logprobs import token_logprobs
+from kernels.logprobs import exact_token_logprobs, token_logprobs
 from runtime.inference.sampling import sample
 from runtime.model import KVCache, ModelConfig, decode, prefill
+from runtime.model.transformer import exact_rows
+from runtime.numerics import pad_rows, padded_rows
 
 
 def prefill_into_slots(
@@ -40,6 +42,7 @@ def prefill_into_slots(
     logits_SV: jax.Array,
     *,
     config: ModelConfig,
+    exact_block: int = 0,
 ) -> tuple[KVCache, jax.Array]:
     """Prefill ``R`` prompts and put each one's next-token logits in its slot's row.
 
@@ -50,11 +53,13 @@ def prefill_into_slots(
       lengths_R: int32 prompt lengths; 0 marks an unused row, which writes nothing.
       page_rows_RP: each request's page-table row (pages for at least ``length`` tokens).
       slots_R: int32 the decode slot each request takes; ``S`` (out of range) for unused rows.
+      exact_block: > 0, the exact mode with pages of this many tokens (``model.prefill``).
 
     Returns:
       ``(cache, logits_SV)`` with the prompts' keys/values written and their slots' rows replaced.
     """
-    logits_RV, cache = prefill(params, tokens_RT, lengths_R, cache, page_rows_RP, config=config)
+    logits_RV, cache = prefill(params, tokens_RT, lengths_R, cache, page_rows_RP, config=config,
+                               exact_block=exact_block)
     return cache, logits_SV.at[slots_R].set(logits_RV, mode="drop")
 
 
@@ -121,7 +126,14 @@ def decode_step(
     """
     drawn_S, _ = sample(logits_SV, key_data_S2, index_S, temperature_S, top_k_S, top_p_S)
     tokens_S = jnp.where(forced_S >= 0, forced_S, drawn_S).astype(jnp.int32)
-    logprobs_S = token_logprobs(logits_SV, tokens_S, temperature_S)
+    if attention_impl == "ordered":  # the exact mode: the log-softmax over as many rows as the trainer's
+        S = tokens_S.shape[0]
+        rows = padded_rows(S, least=exact_rows(config))
+        logprobs_S = exact_token_logprobs(
+            pad_rows(logits_SV, rows), pad_rows(tokens_S, rows), pad_rows(temperature_S, rows, 1.0)
+        )[:S]
+    else:
+        logprobs_S = token_logprobs(logits_SV, tokens_S, temperature_S)
     logits_SV, cache = decode(
         params, tokens_S, positions_S, cache, page_table_SP, config=config,
         attention_impl=attention_impl,

@@ -21,7 +21,7 @@ from runtime.model.tokenizer import (
     char_tokenizer,
     special_token_ids,
 )
-from runtime.model.transformer import KVCache, decode, forward, init_cache, init_params, prefill
+from runtime.model.transformer import KVCache, decode, exact_forward, forward, init_cache, init_params, prefill
 
 __all__ = [
     "BOS_ID",
@@ -35,6 +35,7 @@ __all__ = [
     "UNK_ID",
     "char_tokenizer",
     "decode",
+    "exact_forward",
     "forward",
     "init_cache",
     "init_params",

@@ -35,9 +35,11 @@ from kernels.attention import (
     shared_prefix_attention,
 )
 from kernels.kv_pages import write_pages
+from kernels.ordered_attention import ordered_attention
 from kernels.paged_attention import paged_attention
 from runtime.model.config import ModelConfig
 from runtime.model.layers import MLP, Attend, Attention, DecoderLayer, RMSNorm, weight_init
+from runtime.numerics import min_rows, pad_rows, padded_rows
 
 
 class KVCache(NamedTuple):
@@ -248,6 +250,55 @@ def shared_prefix_forward(
     return jnp.concatenate([jnp.repeat(prefix_out, group_size, axis=0), rest_out], axis=1)
 
 
+def _ordered_attend(config: ModelConfig, mask_BTS: jax.Array, block: int) -> Attend:
+    def attend(q_BTHD, k_BTKD, v_BTKD):
+        return ordered_attention(q_BTHD, k_BTKD, v_BTKD, mask_BTS, scale=config.attention_scale,
+                                 block=block), None
+
+    return attend
+
+
+def exact_rows(config: ModelConfig) -> int:
+    """Fewest positions of a call of the exact mode for this model (``runtime.numerics.min_rows``)."""
+    return min_rows(config.hidden_size, config.vocab_size)
+
+
+def _exact_head(config: ModelConfig, params: dict, h_XD: jax.Array) -> jax.Array:
+    """The LM head over ``h_XD`` ``[X, D]`` with at least ``exact_rows`` rows (padded), laid out
+    ``[X, 1, D]`` as a decode step's."""
+    X = h_XD.shape[0]
+    h_X1D = pad_rows(h_XD, padded_rows(X, least=exact_rows(config)))[:, None]
+    return head_logits(params, h_X1D, config=config)[:X, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "block"))
+def exact_forward(
+    params: dict,
+    tokens_BT: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+    block: int,
+) -> jax.Array:
+    """``forward``'s logits with the engine's exact-mode bits (``runtime.numerics``).
+
+    Every position's logits are those the exact engine (pages of ``block`` tokens) computed for
+    it, in a prefill or a decode step: attention in ``kernels.ordered_attention``'s order over
+    ``block``-token blocks of the row (a sequence must start on a block boundary: position 0 of
+    a row, or of a packed sequence placed there), every call over at least ``exact_rows``
+    positions (the batch is padded with empty rows when ``B·T`` is fewer).
+    """
+    B, T = tokens_BT.shape
+    if attention_mask_BT is None:
+        attention_mask_BT = jnp.ones((B, T), bool)
+    rows = padded_rows(B, T, least=exact_rows(config))
+    tokens_BT, attention_mask_BT = pad_rows(tokens_BT, rows), pad_rows(attention_mask_BT, rows)
+    positions_BT, mask_BTS = _positions_and_mask(tokens_BT.shape, attention_mask_BT)
+    attends = [_ordered_attend(config, mask_BTS, block)] * config.num_layers
+    logits_BTV, _ = _apply(config, params, tokens_BT, positions_BT, attends)
+    return logits_BTV[:B]
+
+
 # Queries per attention block in a rematerialised layer (``kernels.attention``'s
 # ``query_blocked_attention``): [B, heads, 64, T] float32 scores instead of [B, heads, T, T].
 REMAT_QUERY_BLOCK = 64
@@ -436,7 +487,7 @@ def _collect(states) -> KVCache:
     return KVCache(k_pages=tuple(k for k, _ in states), v_pages=tuple(v for _, v in states))
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "exact_block"), donate_argnames=("cache",))
 def prefill(
     params: dict,
     tokens_BT: jax.Array,
@@ -445,6 +496,7 @@ def prefill(
     page_indices_BP: jax.Array,
     *,
     config: ModelConfig,
+    exact_block: int = 0,
 ) -> tuple[jax.Array, KVCache]:
     """Run prompts from position 0, write their keys/values, return the next-token logits.
 
@@ -455,18 +507,30 @@ def prefill(
       cache: the KV cache. DONATES cache.
       page_indices_BP: the page table rows of these sequences; it must hold pages for positions
         ``0 .. length - 1``.
+      exact_block: > 0, the exact mode (``runtime.numerics``): attention in
+        ``kernels.ordered_attention``'s order over blocks of this many keys (the cache's page
+        size), every call over at least ``exact_rows`` rows (empty rows added); the
+        logits are then ``exact_forward``'s bits for the same prompt.
 
     Returns:
       ``(logits_BV, cache)``: float32 logits at position ``length - 1`` (the distribution of the
       first generated token) and the cache with positions ``0 .. length - 1`` written.
     """
-    B, T = tokens_BT.shape
+    given, T = tokens_BT.shape
+    if exact_block > 0:  # empty rows (length 0) write nothing
+        rows = padded_rows(given, T, least=exact_rows(config))
+        tokens_BT, lengths_B = pad_rows(tokens_BT, rows), pad_rows(lengths_B, rows)
+        page_indices_BP = pad_rows(page_indices_BP, rows)
+    B = tokens_BT.shape[0]
     positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     valid_BT = positions_BT < lengths_B[:, None]
     mask_BTS = causal_mask(valid_BT)
 
     def attention(q_BTHD, k_BTKD, v_BTKD, k_pages, v_pages):
         del k_pages, v_pages  # the prompt's own keys/values are all there is to attend to
+        if exact_block > 0:
+            return ordered_attention(q_BTHD, k_BTKD, v_BTKD, mask_BTS, scale=config.attention_scale,
+                                     block=exact_block)
         return dense_attention(q_BTHD, k_BTKD, v_BTKD, mask_BTS, scale=config.attention_scale)
 
     attends = [
@@ -474,6 +538,11 @@ def prefill(
         for k, v in zip(cache.k_pages, cache.v_pages, strict=True)
     ]
     last_B = jnp.maximum(lengths_B - 1, 0)
+    if exact_block > 0:
+        # The final norm over every position (as many rows as the layers'), then the last ones.
+        h_BTD, states = _apply(config, params, tokens_BT, positions_BT, attends, head=False)
+        h_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+        return _exact_head(config, params, h_BD)[:given], _collect(states)
     logits_BV, states = _apply(config, params, tokens_BT, positions_BT, attends, last_B)
     return logits_BV, _collect(states)
 
@@ -500,12 +569,19 @@ def decode(
         logits are finite but meaningless.
       cache: the KV cache. DONATES cache.
       page_indices_BP: int32 page table, fixed width; it must hold a page for ``positions_B``.
-      attention_impl: ``"reference"`` (default), ``"pallas"`` or ``"pallas_interpret"``.
+      attention_impl: one of ``kernels.paged_attention.IMPLS`` (default ``"reference"``);
+        ``"ordered"`` is the exact mode (``runtime.numerics``): every call over at least
+        ``exact_rows`` rows (empty slots added), and the logits ``exact_forward``'s bits.
 
     Returns:
       ``(logits_BV, cache)``: float32 next-token logits and the cache with the new tokens written.
       A slot's results depend only on its own inputs (batch invariance at a fixed batch shape).
     """
+    given = tokens_B.shape[0]
+    if attention_impl == "ordered":  # empty slots (position -1) write nothing
+        rows = padded_rows(given, least=exact_rows(config))
+        tokens_B, positions_B = pad_rows(tokens_B, rows), pad_rows(positions_B, rows, -1)
+        page_indices_BP = pad_rows(page_indices_BP, rows)
     active_B = positions_B >= 0
     positions_B1 = positions_B[:, None]
     lengths_B = jnp.where(active_B, positions_B + 1, 0).astype(jnp.int32)
@@ -528,4 +604,4 @@ def decode(
         for k, v in zip(cache.k_pages, cache.v_pages, strict=True)
     ]
     logits_B1V, states = _apply(config, params, tokens_B[:, None], positions_B1, attends)
-    return logits_B1V[:, 0], _collect(states)
+    return logits_B1V[:given, 0], _collect(states)

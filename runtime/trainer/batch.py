@@ -137,7 +137,8 @@ def pack(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int,
     return TrainBatch(tokens, attention, mask, behaviour, rewards, versions)
 
 
-def pack_bins(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int, multiple: int = 1) -> TrainBatch:
+def pack_bins(samples: Sequence[Sample], *, group_size: int, width: int, pad_id: int, multiple: int = 1,
+              align: int = 1) -> TrainBatch:
     """``samples`` packed into rows of ``width`` tokens, several sequences to a row.
 
     First fit by decreasing length (ties by sample order, so the packing is a pure function of the
@@ -149,6 +150,8 @@ def pack_bins(samples: Sequence[Sample], *, group_size: int, width: int, pad_id:
     batches of similar lengths share one compiled step. ``mask_BS``, ``behaviour_BS``, the rewards
     and versions stay by sample, in the padded layout of width ``width``; ``rows_BS`` says where
     each sample's targets are among the packed rows'.
+    With ``align > 1`` every sequence starts at a multiple of ``align`` tokens of its row (the
+    exact log-probs' pages: a sequence's keys then fall into the blocks the engine's pages held).
     """
     padded = pack(samples, group_size=group_size, width=width, pad_id=pad_id)
     lengths = [len(s.prompt) + len(s.completion) for s in samples]
@@ -161,7 +164,7 @@ def pack_bins(samples: Sequence[Sample], *, group_size: int, width: int, pad_id:
             room.append(width)
             at = len(rows) - 1
         rows[at].append(i)
-        room[at] -= lengths[i]
+        room[at] = max(0, room[at] - -(-lengths[i] // align) * align)
     N = -(-len(rows) // multiple) * multiple
     tokens = np.full((N, width), pad_id, np.int32)
     segments = np.zeros((N, width), np.int32)
@@ -174,5 +177,5 @@ def pack_bins(samples: Sequence[Sample], *, group_size: int, width: int, pad_id:
             tokens[n, offset:offset + L] = padded.tokens_BT[i, :L]
             segments[n, offset:offset + L] = k
             where[i, : L - 1] = n * S + offset + np.arange(L - 1)
-            offset += L
+            offset += -(-L // align) * align
     return dataclasses.replace(padded, tokens_BT=tokens, attention_BT=segments, rows_BS=where)

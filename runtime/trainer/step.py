@@ -63,13 +63,14 @@ from kernels.advantages import gae_advantages, group_advantages, token_rewards, 
 from kernels.aggregation import masked_mean
 from kernels.algorithms import DPOObjective, KTOObjective, Objective, PolicyObjective
 from kernels.kl import token_kl
-from kernels.logprobs import token_logprobs_and_entropy
+from kernels.logprobs import exact_token_logprobs, token_logprobs_and_entropy
 from kernels.objectives import policy_loss, preference_loss
 from kernels.reward_shaping import overlong_penalty
 from runtime.config import OLD_LOGPROBS, TrainerConfig
 from runtime.errors import UsageError
-from runtime.model import ModelConfig, forward
-from runtime.model.transformer import head_logits, hidden_states, shared_prefix_forward
+from runtime.model import ModelConfig, exact_forward, forward
+from runtime.model.transformer import exact_rows, head_logits, hidden_states, shared_prefix_forward
+from runtime.numerics import pad_rows, padded_rows
 from runtime.trainer.accumulate import accumulate, blocked_head_logits, head_weight
 from runtime.trainer.batch import TrainBatch
 from runtime.trainer.optimizer import OptimizerConfig, transformation, update_leaf_by_leaf
@@ -101,6 +102,9 @@ class StepConfig:
     sees each sample's values gathered back by row (:func:`_unpacked`). ``row_shards``: the devices a batch's rows are split over (a mesh's
     ``data × fsdp``); with micro-batches each one takes the same share of every shard's rows
     (:func:`_split`), so every device works on every micro-batch and no rows move between them.
+    ``exact_block``: > 0, exact log-probs (``trainer.exact_logprobs``, ``runtime.numerics``): the
+    forward pass computes every log-prob with the exact engine's bits for pages of this many
+    tokens (:func:`_exact_logprobs`); set from ``workers.page_size`` by the step's builder.
     """
 
     model: ModelConfig
@@ -125,6 +129,7 @@ class StepConfig:
     fixed_order_mesh: Any = None
     row_shards: int = 1
     pack: bool = False
+    exact_block: int = 0
 
     @classmethod
     def of(cls, trainer: TrainerConfig, *, model: ModelConfig, objective: Objective, temperature: float,
@@ -248,9 +253,24 @@ def _window_logprobs(params, tokens_BT, attention_BT, mask_BS, config: StepConfi
     return spread(logp_BC), spread(entropy_BC)
 
 
+def _exact_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
+    """``(log-probs, entropy)`` ``[B, T-1]`` with the exact engine's bits (``exact_forward``), the
+    log-softmax over at least as many rows as the engine's (the batch padded with empty rows to
+    ``exact_rows`` log-prob rows or more)."""
+    B, T = tokens_BT.shape
+    rows = padded_rows(B, T - 1, least=exact_rows(config.model))
+    tokens_BT, attention_BT = pad_rows(tokens_BT, rows), pad_rows(attention_BT, rows)
+    logits_BTV = exact_forward(params, tokens_BT, attention_BT, config=config.model, block=config.exact_block)
+    logp_BS = exact_token_logprobs(logits_BTV[:, :-1], tokens_BT[:, 1:], config.temperature)
+    _, entropy_BS = token_logprobs_and_entropy(sg(logits_BTV[:, :-1]), tokens_BT[:, 1:], config.temperature)
+    return logp_BS[:B], entropy_BS[:B]
+
+
 def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
     """``(log-probs, entropy)`` ``[B, T-1]`` of the targets ``tokens[:, 1:]``; with ``mask_BS`` and a
     ``completion_window`` (whole-batch step), in each row's completion window only."""
+    if config.exact_block > 0:
+        return _exact_logprobs(params, tokens_BT, attention_BT, config)
     if config.logits_chunk > 0 or config.remat:
         C = config.logits_chunk if config.logits_chunk > 0 else tokens_BT.shape[1] - 1
         return _chunked_logprobs(

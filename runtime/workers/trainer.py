@@ -158,7 +158,7 @@ class StepTrainer:
         if config.pack:  # rows a multiple of the row shards and micro-batches, and of an eighth of the batch
             multiple = math.lcm(config.row_shards, max(config.micro_batch_size, 1), max(1, len(samples) // 8))
             batch = pack_bins(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id,
-                              multiple=multiple)
+                              multiple=multiple, align=max(config.exact_block, 1))
         else:
             batch = pack(samples, group_size=self.group_size, width=self.width, pad_id=self.codec.pad_id,
                          window=self.config.completion_window)

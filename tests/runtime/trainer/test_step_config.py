@@ -35,7 +35,8 @@ def test_the_step_mirrors_every_trainer_field_but_the_device_layout():
     assert SECTION_FIELDS["share_prefix"] == "shared_prefix"  # the one field named otherwise
     assert all(name == section_name for name, section_name in SECTION_FIELDS.items() if name != "share_prefix")
     section = {f.name for f in dataclasses.fields(TrainerConfig)}
-    assert section - set(SECTION_FIELDS.values()) == {"mesh", "deterministic_reduction", "completion_logits"}
+    assert section - set(SECTION_FIELDS.values()) == {"mesh", "deterministic_reduction", "completion_logits",
+                                                      "exact_logprobs"}
 
 
 def test_every_mirrored_field_defaults_to_the_sections_default():

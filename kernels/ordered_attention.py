@@ -1,0 +1,176 @@
+"""Attention whose every output element is one fixed sequence of float32 operations.
+
+The exact-log-prob mode (``trainer.exact_logprobs``) needs the trainer's forward pass to give the
+engine's bits for every position, although the engine computes a prompt in a prefill and each
+later token in its own decode step, over other shapes, and the trainer computes whole rows at
+once. A matmul or a ``sum`` leaves its summation order to the compiler, which picks it per shape;
+so here no reduction is left to the compiler:
+
+- keys are taken ``block`` at a time, in order (the engine's pages, the trainer's ``block``-wide
+  slices of a row: the same groups of keys when ``block`` is the page size);
+- each block is one online-softmax step (:func:`block_step`): the scores ``q . k`` are summed over
+  the head dimension one term after the other, the maximum and the weights' sum over the block's
+  keys likewise, and the weighted values too — elementwise operations only, so the compiler can
+  vectorise over the other axes but cannot reorder a sum;
+- a key a query may not see (past it, padding, another sequence) is selected away with ``where``;
+  a block with no key a query may see leaves that query's state untouched (a selection, not an
+  update by zero), so a query's result does not depend on how many blocks follow its last one.
+
+So ``ordered_attention`` over a row and ``paged_attention_ordered`` over the pages the engine
+wrote do the same operations on the same values for each query, whatever the batch, the row width
+or the number of live pages. One further condition is the compiler's: it must not contract a
+multiplication and an addition into one fused multiply-add in one program and not in another
+(XLA:CPU does, inside its fusions, as the shapes lead it), which ``runtime.numerics`` arranges.
+
+Shapes: ``B`` rows, ``T`` queries, ``S`` keys, ``H`` query heads, ``K`` kv heads, ``G = H / K``
+query heads per kv head, ``D`` head dim, ``Q`` queries of one kv head (``T·G``), ``C`` keys of one
+block. Scores, softmax and the weighted sum are float32; the output has the dtype of ``q``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+State = tuple[jax.Array, jax.Array, jax.Array]  # running max [..., 1], weight sum [..., 1], values [..., D]
+
+
+def _in_order(terms: list[jax.Array], combine) -> jax.Array:
+    total = terms[0]
+    for term in terms[1:]:
+        total = combine(total, term)
+    return total
+
+
+def block_step(
+    state: State,
+    q_XQD: jax.Array,
+    k_XCD: jax.Array,
+    v_XCD: jax.Array,
+    valid_XQC: jax.Array,
+    *,
+    scale: float,
+) -> State:
+    """One block of keys into each query's online softmax (``X`` any leading axes).
+
+    ``valid_XQC`` (broadcastable to ``[..., Q, C]``) says which keys each query sees; a query
+    that sees none of the block keeps its state. ``v_XCD`` must be finite where any query sees it
+    (the engine zeroes unwritten page slots before calling).
+    """
+    max_XQ1, denom_XQ1, acc_XQD = state
+    D, C = q_XQD.shape[-1], k_XCD.shape[-2]
+    q_XQD = q_XQD.astype(jnp.float32)
+    k_XCD = k_XCD.astype(jnp.float32)
+    v_XCD = v_XCD.astype(jnp.float32)
+    # scores[q, c] = q_q . k_c, summed over the head dimension term by term.
+    scores_XQC = _in_order(
+        [q_XQD[..., :, d, None] * k_XCD[..., None, :, d] for d in range(D)], jnp.add
+    ) * jnp.float32(scale)
+    valid_XQC = jnp.broadcast_to(valid_XQC, scores_XQC.shape)
+    scores_XQC = jnp.where(valid_XQC, scores_XQC, -jnp.inf)
+    live_XQ1 = _in_order([valid_XQC[..., c, None] for c in range(C)], jnp.logical_or)
+    block_max_XQ1 = _in_order([scores_XQC[..., c, None] for c in range(C)], jnp.maximum)
+    new_max_XQ1 = jnp.where(live_XQ1, jnp.maximum(max_XQ1, block_max_XQ1), 0.0)
+    rescale_XQ1 = jnp.exp(max_XQ1 - new_max_XQ1)
+    weights_XQC = jnp.where(valid_XQC, jnp.exp(scores_XQC - new_max_XQ1), 0.0)
+    block_sum_XQ1 = _in_order([weights_XQC[..., c, None] for c in range(C)], jnp.add)
+    block_acc_XQD = _in_order(
+        [weights_XQC[..., :, c, None] * v_XCD[..., None, c, :] for c in range(C)], jnp.add
+    )
+    return (
+        jnp.where(live_XQ1, new_max_XQ1, max_XQ1),
+        jnp.where(live_XQ1, rescale_XQ1 * denom_XQ1 + block_sum_XQ1, denom_XQ1),
+        jnp.where(live_XQ1, rescale_XQ1 * acc_XQD + block_acc_XQD, acc_XQD),
+    )
+
+
+def initial_state(lead: tuple[int, ...], D: int) -> State:
+    """The state of queries that have seen no key: ``lead`` is ``[..., Q]``."""
+    return (
+        jnp.full(lead + (1,), -jnp.inf, jnp.float32),
+        jnp.zeros(lead + (1,), jnp.float32),
+        jnp.zeros(lead + (D,), jnp.float32),
+    )
+
+
+def finish(state: State) -> jax.Array:
+    """The attention output ``[..., D]`` (float32): zero for a query that saw no key."""
+    _, denom_XQ1, acc_XQD = state
+    return acc_XQD / jnp.where(denom_XQ1 > 0, denom_XQ1, 1.0)
+
+
+def ordered_attention(
+    q_BTHD: jax.Array,
+    k_BSKD: jax.Array,
+    v_BSKD: jax.Array,
+    mask_BTS: jax.Array,
+    *,
+    scale: float,
+    block: int,
+) -> jax.Array:
+    """Masked softmax attention of every query over ``block``-key blocks of its row, in order.
+
+    ``mask_BTS[b, t, s]``: query ``t`` sees key ``s``. Key ``s`` is in block ``s // block``, so
+    for the engine's bits key 0 of a row must be position 0 of its sequence (a packed row's
+    sequences each start on a block boundary). Returns ``[B, T, H, D]`` in the dtype of q.
+    """
+    B, T, H, D = q_BTHD.shape
+    S, K = k_BSKD.shape[1], k_BSKD.shape[2]
+    if H % K or k_BSKD.shape[-1] != D or v_BSKD.shape != k_BSKD.shape or block < 1:
+        raise ValueError(
+            f"queries {q_BTHD.shape}, keys {k_BSKD.shape}, values {v_BSKD.shape} and block {block} "
+            "do not fit: num_heads must be a multiple of num_kv_heads, head_dim must match, block >= 1"
+        )
+    G, N = H // K, -(-S // block)
+    pad = N * block - S
+    # [B, S, K, D] -> [N, B, K, C, D]: the blocks of each row's keys, in order.
+    def blocks(x_BSKD):
+        x_BSKD = jnp.pad(x_BSKD, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        return jnp.moveaxis(x_BSKD.reshape(B, N, block, K, D), (1, 3), (0, 2))
+
+    mask_NB1QC = jnp.moveaxis(
+        jnp.pad(mask_BTS, ((0, 0), (0, 0), (0, pad))).reshape(B, T, 1, N, block), 3, 0
+    )
+    mask_NB1QC = jnp.broadcast_to(mask_NB1QC, (N, B, T, G, block)).reshape(N, B, 1, T * G, block)
+    q_BKQD = jnp.moveaxis(q_BTHD.reshape(B, T, K, G, D), 1, 2).reshape(B, K, T * G, D)
+
+    def step(state, inputs):
+        k_BKCD, v_BKCD, valid_B1QC = inputs
+        return block_step(state, q_BKQD, k_BKCD, v_BKCD, valid_B1QC, scale=scale), None
+
+    state, _ = jax.lax.scan(step, initial_state((B, K, T * G), D), (blocks(k_BSKD), blocks(v_BSKD), mask_NB1QC))
+    out_BKQD = finish(state)
+    return jnp.moveaxis(out_BKQD.reshape(B, K, T, G, D), 2, 1).reshape(B, T, H, D).astype(q_BTHD.dtype)
+
+
+def paged_attention_ordered(
+    q_BHD: jax.Array,
+    k_pages_KNSD: jax.Array,
+    v_pages_KNSD: jax.Array,
+    lengths_B: jax.Array,
+    page_indices_BP: jax.Array,
+    *,
+    scale: float,
+) -> jax.Array:
+    """Single-query attention over the paged cache (``kernels.paged_attention``'s layout and
+    contract), a page at a time over the pages of the longest live sequence, with
+    :func:`block_step`: the bits :func:`ordered_attention` gives the same query over the same keys
+    in a row whose blocks are these pages."""
+    B, H, D = q_BHD.shape
+    K, _, C, _ = k_pages_KNSD.shape
+    G = H // K
+    q_BK1GD = q_BHD.reshape(B, K, G, D)
+    lengths_B = lengths_B.astype(jnp.int32)
+    live_pages = jnp.minimum((jnp.max(lengths_B) + C - 1) // C, page_indices_BP.shape[1])
+
+    def page(p, state):
+        pages_B = page_indices_BP[:, p]
+        k_BKCD = jnp.moveaxis(k_pages_KNSD[:, pages_B], 0, 1)
+        v_BKCD = jnp.moveaxis(v_pages_KNSD[:, pages_B], 0, 1)
+        valid_BC = p * C + jnp.arange(C)[None, :] < lengths_B[:, None]
+        # Unwritten slots may hold anything (NaN included); no query sees them.
+        v_BKCD = jnp.where(valid_BC[:, None, :, None], v_BKCD, jnp.zeros((), v_BKCD.dtype))
+        return block_step(state, q_BK1GD, k_BKCD, v_BKCD, valid_BC[:, None, None, :], scale=scale)
+
+    state = jax.lax.fori_loop(0, live_pages, page, initial_state((B, K, G), D))
+    return finish(state).reshape(B, H, D).astype(q_BHD.dtype)

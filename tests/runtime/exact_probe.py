@@ -1,0 +1,110 @@
+"""Sample with the exact engine, score with the exact train step, count the log-probs that differ.
+
+Run as ``python -m tests.runtime.exact_probe SEED CASES DTYPE`` in a process whose ``XLA_FLAGS``
+carry ``runtime.numerics.NO_FMA_FLAG`` (``test_exact_logprobs`` starts it); with a fourth argument
+``unchecked``, in any process (the control: without the flag the bits differ). Each case draws an
+engine (slots, page size, prefill rows, a pool small enough to preempt or not, continuous or static
+batching), groups of prompts of random lengths sampled at one random temperature, then scores
+every completion three ways: the train step's ``score`` on padded rows, on packed rows
+(``pack_bins`` with sequences on page boundaries) and the train step's own forward pass (its
+``logprob_mismatch_max`` over on-policy rows). The last line is a JSON object: per case, the
+draw and the number of completion tokens whose log-prob bits differ, for each way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels.algorithms import configure
+from runtime.inference import Engine, SamplingParams
+from runtime.inference.engine import compute_params
+from runtime.model import Model, ModelConfig
+from runtime.numerics import check_exact_backend
+from runtime.trainer import Sample, StepConfig, make_optimizer, pack, train_step
+from runtime.trainer.batch import pack_bins
+from runtime.trainer.step import score
+
+EOS = 2
+
+
+def model_config(dtype: str) -> ModelConfig:
+    return ModelConfig(vocab_size=53, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                       intermediate_size=64, qkv_bias=True, rope_theta=1000.0, max_position_embeddings=64,
+                       eos_token_id=EOS, dtype=dtype)
+
+
+def widened(config: ModelConfig, seed: int) -> Model:
+    """Random weights spread wider than the init, so that logits are far from ties."""
+    model = Model.init(config, key=jax.random.key(seed))
+    keys = iter(jax.random.split(jax.random.key(seed + 1), 64))
+
+    def widen(path, x):
+        noise = jax.random.normal(next(keys), x.shape, jnp.float32)
+        return (1.0 + 0.2 * noise if path[-1].key == "scale" else 0.3 * noise).astype(x.dtype)
+
+    return model.with_params(jax.tree_util.tree_map_with_path(widen, model.params))
+
+
+def case(model: Model, gen: np.random.Generator) -> dict:
+    config = model.config
+    slots = int(gen.choice([3, 8, 64]))
+    page = int(gen.choice([2, 4, 8]))
+    max_seq = 32
+    pages_per_seq = max_seq // page
+    small_pool = bool(gen.integers(2))
+    num_pages = (pages_per_seq + 2 if small_pool else slots * pages_per_seq) + 1
+    engine = Engine(model, max_slots=slots, page_size=page, num_pages=num_pages, max_seq_len=max_seq,
+                    prefill_tokens=int(gen.choice([16, 64, 128])), attention_impl="ordered")
+    G = int(gen.choice([2, 4]))
+    M = int(gen.integers(1, 6))
+    temperature = float(gen.choice([0.7, 1.0, 1.3]))
+    prompts, params = [], []
+    for _ in range(M):
+        prompt = gen.integers(3, config.vocab_size, int(gen.integers(1, 20))).tolist()
+        for _ in range(G):
+            prompts.append(prompt)
+            params.append(SamplingParams(temperature=temperature, ignore_eos=bool(gen.integers(2)),
+                                         max_tokens=int(gen.integers(1, max_seq - len(prompt) + 1))))
+    seeds = [int(s) for s in gen.integers(0, 2**63, len(prompts))]
+    batching = str(gen.choice(["continuous", "static"]))
+    completions = engine.generate(prompts, params, seeds, batching=batching)
+    samples = [Sample(np.int32(p), c.tokens, c.logprobs, float(i % 2), 0)
+               for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+    step = StepConfig(model=config, objective=configure("grpo"), group_size=G, temperature=temperature,
+                      old_logprobs="behaviour", exact_block=page)
+    weights = compute_params(model.params, config)
+    padded = pack(samples, group_size=G, width=max_seq, pad_id=0)
+    packed = pack_bins(samples, group_size=G, width=max_seq, pad_id=0, align=page)
+    mask = np.asarray(padded.mask_BS)
+    differ = {}
+    for name, batch in (("padded", padded), ("packed", packed)):
+        logp = score(weights, jnp.asarray(batch.tokens_BT), jnp.asarray(batch.attention_BT), jnp.asarray(batch.mask_BS),
+                     None if batch.rows_BS is None else jnp.asarray(batch.rows_BS), config=step)
+        differ[name] = int(np.sum((np.asarray(logp) != padded.behaviour_BS) & mask))
+    opt = make_optimizer(step).init(weights)
+    zeros = jnp.zeros(mask.shape, jnp.float32)
+    _, _, metrics = train_step(jax.tree.map(jnp.array, weights), opt, jax.device_put(padded), zeros, zeros,
+                               jnp.ones(len(samples), bool), config=step)
+    return {"slots": slots, "page": page, "small_pool": small_pool, "groups": M, "group_size": G,
+            "batching": batching, "tokens": int(mask.sum()), "differ": differ,
+            "step_mismatch_max": float(metrics["logprob_mismatch_max"]),
+            "preemptions": engine.last_stats.preemptions if engine.last_stats else None}
+
+
+def main(argv: list[str]) -> int:
+    seed, cases, dtype = int(argv[1]), int(argv[2]), argv[3]
+    if argv[4:] != ["unchecked"]:
+        check_exact_backend()
+    model = widened(model_config(dtype), seed)
+    gen = np.random.default_rng(seed)
+    print(json.dumps({"dtype": dtype, "cases": [case(model, gen) for _ in range(cases)]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
