@@ -267,7 +267,8 @@ def _summary(store, config: Config, config_digest: str, rl_seconds: float, total
     """The run's summary, read from its ledger: the held-out pass rates before (version 0) and
     after (the final version) are those versions' ``VersionEvaluated`` (None where the run
     evaluated nothing, ``eval.every_steps = 0``); ``steps_per_minute`` counts the ``steps_here``
-    this process trained in its ``rl_seconds`` (after a resume, the steps since the resume)."""
+    this process trained in its ``rl_seconds`` (after a resume, the steps since the resume);
+    ``logprob_mismatch_max_run`` is the largest ``logprob_mismatch_max`` of any step."""
     steps, rollouts, evaluations = [], 0, []
     started, machine = None, None
     published: dict[int, str] = {}
@@ -312,6 +313,9 @@ def _summary(store, config: Config, config_digest: str, rl_seconds: float, total
         "steps_here": steps_here,
         "machine": machine,
         "rollout_tokens_per_s": tokens / max(rl_seconds, 1e-9),
+        # The largest inference/trainer log-prob gap of any step (0.0 with trainer.exact_logprobs).
+        "logprob_mismatch_max_run": max((m["logprob_mismatch_max"] for m in steps if "logprob_mismatch_max" in m),
+                                        default=None),
         "reward_curve": [m.get("reward_mean") for m in steps],
         "pass_rate_curve": [m.get("pass_rate") for m in steps],
         "metrics": steps,

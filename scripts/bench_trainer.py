@@ -51,6 +51,7 @@ The last line printed is a JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -69,7 +70,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels.algorithms import configure  # noqa: E402
-from runtime.config import Config  # noqa: E402
+from runtime.config import Config, load_config  # noqa: E402
 from runtime.model import ModelConfig, init_params  # noqa: E402
 from runtime.trainer import StepConfig, TrainBatch, make_optimizer, train_step  # noqa: E402
 
@@ -188,6 +189,81 @@ def mesh_bounded(rows: int, width: int, run_rows: int, **memory) -> dict:
         "mesh_bounded_executed": bool(np.isfinite(grad_norm) and grad_norm > 0), "mesh_executed_rows": run_rows,
         "mesh_executed_s": time.perf_counter() - start, "mesh_executed_grad_norm": grad_norm,
     }
+
+
+SMOLLM2 = ModelConfig(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                      intermediate_size=1536, tie_word_embeddings=True, max_position_embeddings=8192)
+EXACT_SHAPES = {  # model, rows, prompt tokens, completion tokens
+    "demo": (None, 256, 16, 16),
+    "smollm2": (SMOLLM2, 32, 48, 32),
+}
+EXACT_PAGE = 16
+
+
+def exact_child(shape: str, mode: str, steps: int, warmup: int) -> dict:
+    """Seconds of ``steps`` train steps at ``shape`` in this process: ``mode`` ``"exact"`` (the step
+    of ``trainer.exact_logprobs``; the parent starts this process with the flag) or ``"default"``
+    (the step a new run takes by default: shared prefix, completion window)."""
+    from runtime.session import step_config
+
+    model, rows, prompt, completion = EXACT_SHAPES[shape]
+    overrides = [f"sampling.group_size={GROUP_SIZE}", f"scheduling.groups_per_batch={rows // GROUP_SIZE}",
+                 f"sampling.max_tokens={completion}"] + (["trainer.exact_logprobs=true"] if mode == "exact" else [])
+    config = load_config(None, overrides).resolved()
+    if model is None:
+        m = config.model  # the built-in demo's decoder, its character vocabulary rounded up
+        model = ModelConfig(vocab_size=64, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                            num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size)
+    step = step_config(config, type("M", (), {"config": model})())
+    if step.share_prefix:
+        step = dataclasses.replace(step, prefix=prompt)
+    width = prompt + completion
+    batch = random_batch(rows, width, model.vocab_size, seed=0)
+    mask_BS = np.zeros((rows, width - 1), bool)
+    mask_BS[:, prompt - 1:] = True
+    batch = dataclasses.replace(batch, mask_BS=mask_BS, behaviour_BS=np.where(mask_BS, -2.0, 0.0).astype(np.float32))
+    batch = jax.device_put(dataclasses.replace(
+        batch, tokens_BT=np.concatenate([np.repeat(batch.tokens_BT[::GROUP_SIZE, :prompt], GROUP_SIZE, 0),
+                                         batch.tokens_BT[:, prompt:]], axis=1)))
+    params = init_params(model, key=jax.random.key(0))
+    opt_state = make_optimizer(step).init(params)
+    zeros = jnp.zeros((rows, width - 1), jnp.float32)
+    current = jnp.ones(rows, bool)
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        params, opt_state, metrics = train_step(params, opt_state, batch, zeros, zeros, current, config=step)
+        jax.block_until_ready(metrics)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return {"shape": shape, "mode": mode, "step_s": statistics.median(times), "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+def exact_speed(shapes: list[str], rounds: int, steps: int, warmup: int) -> dict:
+    """``exact_step_over_default``: at each shape, rounds of one process timing the default step
+    and one (compiled without fused multiply-adds) timing the exact one; the median over rounds of
+    the round's exact step time over its default step time, and the largest over the shapes."""
+    from runtime.numerics import exact_env
+
+    plain = {**os.environ, "XLA_FLAGS": " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                                               if not f.startswith("--xla_cpu_max_isa="))}
+    result: dict = {}
+    for shape in shapes:
+        ratios, seconds = [], {"default": [], "exact": []}
+        for _ in range(rounds):
+            for mode, env in (("default", plain), ("exact", exact_env(plain))):
+                child = subprocess.run([sys.executable, os.path.abspath(__file__), "--exact-child", shape, mode,
+                                        "--repeats", str(steps), "--warmup", str(warmup)],
+                                       env=env, capture_output=True, text=True, check=False)
+                if child.returncode != 0:
+                    raise SystemExit(f"the {mode} step at {shape} failed: {child.stderr.strip().splitlines()[-1:]}")
+                seconds[mode].append(json.loads(child.stdout.strip().splitlines()[-1])["step_s"])
+            ratios.append(seconds["exact"][-1] / seconds["default"][-1])
+        result[f"exact_{shape}"] = {"default_step_s": statistics.median(seconds["default"]),
+                                    "exact_step_s": statistics.median(seconds["exact"]),
+                                    "ratio_median": statistics.median(ratios), "ratios": ratios}
+    result["exact_step_over_default"] = max(result[f"exact_{s}"]["ratio_median"] for s in shapes)
+    return result
 
 
 PACK_MODEL = ModelConfig(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -380,7 +456,14 @@ def main() -> None:
     parser.add_argument("--mesh-run-rows", type=int, default=GROUP_SIZE, help="rows of the executed sharded step")
     parser.add_argument("--mesh-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-packing", action="store_true")
+    parser.add_argument("--exact-shapes", nargs="*", default=list(EXACT_SHAPES),
+                        help="shapes of the exact-log-prob step's cost (none: skip it)")
+    parser.add_argument("--exact-rounds", type=int, default=3)
+    parser.add_argument("--exact-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.exact_child:  # one mode's step times at one shape (XLA_FLAGS set by the parent)
+        print(json.dumps(exact_child(*args.exact_child, steps=args.repeats, warmup=args.warmup)))
+        return
     memory = dict(micro_batch_size=args.micro_batch, logits_chunk=args.logits_chunk, remat=True)
     if args.mesh_child:  # a process with --mesh-devices CPU devices (XLA_FLAGS, set by the parent)
         print(json.dumps(mesh_bounded(args.rows[0], args.width, args.mesh_run_rows, **memory)))
@@ -423,6 +506,10 @@ def main() -> None:
         mesh = json.loads(child.stdout.strip().splitlines()[-1])
         print(json.dumps(mesh), flush=True)
         result.update(mesh)
+    if args.exact_shapes:
+        exact = exact_speed(args.exact_shapes, args.exact_rounds, steps=5, warmup=2)
+        print(json.dumps(exact), flush=True)
+        result.update(exact)
     if not args.no_speed:
         speed = step_speed(args.repeats, args.baseline_ref, args.warmup)
         print(json.dumps(speed), flush=True)

@@ -32,6 +32,11 @@ class NonFiniteWeights(RlxError):
     """A train step made weights with a NaN or an infinity in them: they are not published."""
 
 
+class LogprobDivergence(RlxError):
+    """With ``trainer.exact_logprobs``, a train step's log-prob of a sampled token differed from the
+    engine's: the step is not published and the run stops, the message naming the token."""
+
+
 def nonfinite_leaves(params) -> list[str]:
     """The paths of the leaves of ``params`` that hold a NaN or an infinity."""
     from runtime.params.tree import path_string
@@ -185,6 +190,22 @@ class StepTrainer:
         current, logp_old, logp_ref = shard_rows(self.mesh, (current, logp_old, logp_ref))
         return batch, device_batch, current, logp_old, logp_ref, config
 
+    def _divergence(self, task: TrainTask, batch, device_batch, config: StepConfig) -> str:
+        """The first on-policy token whose trainer log-prob is not the engine's, in one line."""
+        params = shard_tree(self.mesh, self.store.get(task.parent_version))
+        logp = to_host(self._score(params, device_batch, config))
+        mask = batch.mask_BS & (batch.versions_B == task.parent_version)[:, None]
+        rows, targets = np.nonzero(mask & (logp != batch.behaviour_BS))
+        head = f"step {task.step}: trainer.exact_logprobs requires the trainer's log-probs to be the engine's"
+        if not rows.size:
+            return f"{head}, and the train step's were not (log-prob mismatch {batch.digest()})"
+        b, t = int(rows[0]), int(targets[0])
+        r = task.rollouts[b]
+        position = t - int(np.argmax(batch.mask_BS[b]))
+        return (f"{head}: rollout {r.completion.rollout_id} (version {r.completion.policy_version}), completion token "
+                f"{position}: engine {float(batch.behaviour_BS[b, t])!r}, trainer {float(logp[b, t])!r} "
+                f"({rows.size} tokens differ)")
+
     def _score(self, params, device_batch, config: StepConfig):
         args = (params, device_batch.tokens_BT, device_batch.attention_BT, device_batch.mask_BS, device_batch.rows_BS)
         if self.gang is not None:
@@ -212,6 +233,8 @@ class StepTrainer:
                 f"the run stops; `rlx audit step {task.step}` shows the batch it was trained on")
         failpoint("trainer.step")
         metrics = {k: float(v) for k, v in sorted(metrics.items())}
+        if config.exact_block > 0 and metrics["logprob_mismatch_max"] != 0.0:
+            raise LogprobDivergence(self._divergence(task, batch, device_batch, config))
         metrics["pass_rate"] = float(np.mean([r.outcome.passed for r in task.rollouts]))
         metrics["staleness_max"] = float(task.step - 1 - int(batch.versions_B.min()))
         metrics["staleness_mean"] = float(np.mean(task.step - 1 - batch.versions_B))
