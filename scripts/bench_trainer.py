@@ -249,7 +249,8 @@ def exact_speed(shapes: list[str], rounds: int, steps: int, warmup: int) -> dict
                                                if not f.startswith("--xla_cpu_max_isa="))}
     result: dict = {}
     for shape in shapes:
-        ratios, seconds = [], {"default": [], "exact": []}
+        ratios: list[float] = []
+        seconds: dict[str, list[float]] = {"default": [], "exact": []}
         for _ in range(rounds):
             for mode, env in (("default", plain), ("exact", exact_env(plain))):
                 child = subprocess.run([sys.executable, os.path.abspath(__file__), "--exact-child", shape, mode,
@@ -462,7 +463,8 @@ def main() -> None:
     parser.add_argument("--exact-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.exact_child:  # one mode's step times at one shape (XLA_FLAGS set by the parent)
-        print(json.dumps(exact_child(*args.exact_child, steps=args.repeats, warmup=args.warmup)))
+        shape, mode = args.exact_child
+        print(json.dumps(exact_child(shape, mode, steps=args.repeats, warmup=args.warmup)))
         return
     memory = dict(micro_batch_size=args.micro_batch, logits_chunk=args.logits_chunk, remat=True)
     if args.mesh_child:  # a process with --mesh-devices CPU devices (XLA_FLAGS, set by the parent)
