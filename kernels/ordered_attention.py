@@ -59,24 +59,22 @@ def block_step(
     """
     max_XQ1, denom_XQ1, acc_XQD = state
     D, C = q_XQD.shape[-1], k_XCD.shape[-2]
-    q_XQD = q_XQD.astype(jnp.float32)
-    k_XCD = k_XCD.astype(jnp.float32)
-    v_XCD = v_XCD.astype(jnp.float32)
+    # The summed axis leading, so that each term is a contiguous slice.
+    q_DXQ1 = jnp.moveaxis(q_XQD.astype(jnp.float32), -1, 0)[..., None]
+    k_DX1C = jnp.moveaxis(k_XCD.astype(jnp.float32), -1, 0)[..., None, :]
+    v_CX1D = jnp.moveaxis(v_XCD.astype(jnp.float32), -2, 0)[..., None, :]
     # scores[q, c] = q_q . k_c, summed over the head dimension term by term.
-    scores_XQC = _in_order(
-        [q_XQD[..., :, d, None] * k_XCD[..., None, :, d] for d in range(D)], jnp.add
-    ) * jnp.float32(scale)
+    scores_XQC = _in_order([q_DXQ1[d] * k_DX1C[d] for d in range(D)], jnp.add) * jnp.float32(scale)
     valid_XQC = jnp.broadcast_to(valid_XQC, scores_XQC.shape)
     scores_XQC = jnp.where(valid_XQC, scores_XQC, -jnp.inf)
-    live_XQ1 = _in_order([valid_XQC[..., c, None] for c in range(C)], jnp.logical_or)
-    block_max_XQ1 = _in_order([scores_XQC[..., c, None] for c in range(C)], jnp.maximum)
+    valid_CXQ = jnp.moveaxis(valid_XQC, -1, 0)
+    live_XQ1 = _in_order([valid_CXQ[c] for c in range(C)], jnp.logical_or)[..., None]
+    block_max_XQ1 = _in_order([s for s in jnp.moveaxis(scores_XQC, -1, 0)], jnp.maximum)[..., None]
     new_max_XQ1 = jnp.where(live_XQ1, jnp.maximum(max_XQ1, block_max_XQ1), 0.0)
     rescale_XQ1 = jnp.exp(max_XQ1 - new_max_XQ1)
-    weights_XQC = jnp.where(valid_XQC, jnp.exp(scores_XQC - new_max_XQ1), 0.0)
-    block_sum_XQ1 = _in_order([weights_XQC[..., c, None] for c in range(C)], jnp.add)
-    block_acc_XQD = _in_order(
-        [weights_XQC[..., :, c, None] * v_XCD[..., None, c, :] for c in range(C)], jnp.add
-    )
+    weights_CXQ = jnp.moveaxis(jnp.where(valid_XQC, jnp.exp(scores_XQC - new_max_XQ1), 0.0), -1, 0)
+    block_sum_XQ1 = _in_order([weights_CXQ[c] for c in range(C)], jnp.add)[..., None]
+    block_acc_XQD = _in_order([weights_CXQ[c][..., None] * v_CX1D[c] for c in range(C)], jnp.add)
     return (
         jnp.where(live_XQ1, new_max_XQ1, max_XQ1),
         jnp.where(live_XQ1, rescale_XQ1 * denom_XQ1 + block_sum_XQ1, denom_XQ1),

@@ -498,8 +498,9 @@ class TrainerConfig(Section):
     attention and the trainer's run in one fixed order over pages of ``workers.page_size`` tokens,
     every matmul has at least 64 rows, and the processes compile without fused multiply-adds; the
     controller then requires a zero log-prob mismatch on every step, and ``old_logprobs`` resolves
-    to ``"behaviour"`` whatever the dtype. It computes every row in full (no shared prefix or
-    completion window); on the CPU backend of x86-64 only, and not with a ``model`` mesh axis.
+    to ``"behaviour"`` whatever the dtype. The shared prefix, the completion window and packing keep
+    the bits; micro-batches, chunks and remat keep the log-probs' (their gradient pass is the
+    bounded step's own); on the CPU backend of x86-64 only, and not with a ``model`` mesh axis.
     Unset, a new run resolves it to false, and a run logged before it existed reads as false."""
 
     NAME = "trainer"
@@ -550,10 +551,6 @@ class TrainerConfig(Section):
             if getattr(self, name) and self.pack:
                 raise _fail(f"trainer.{name}", getattr(self, name),
                             "it works on padded rows (a group's rows side by side): false, or unset with trainer.pack")
-        for name in ("shared_prefix", "completion_logits"):  # the exact forward computes every row in full
-            if getattr(self, name) and self.exact_logprobs:
-                raise _fail(f"trainer.{name}", getattr(self, name),
-                            "trainer.exact_logprobs computes every row in full: false, or unset")
         if self.pack and self.deterministic_reduction:
             raise _fail("trainer.pack", self.pack, "the fixed-order reduction sums padded rows: set "
                                                    "trainer.deterministic_reduction=false, or trainer.pack=false")
@@ -1034,13 +1031,11 @@ class Config:
         if trainer.exact_logprobs is None:
             trainer = dataclasses.replace(trainer, exact_logprobs=False)
         if trainer.shared_prefix is None:
-            trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded and not trainer.pack
-                                          and not trainer.exact_logprobs)
+            trainer = dataclasses.replace(trainer, shared_prefix=not trainer.bounded and not trainer.pack)
         if trainer.prefix_per_octave is None:
             trainer = dataclasses.replace(trainer, prefix_per_octave=8)
         if trainer.completion_logits is None:
-            trainer = dataclasses.replace(trainer, completion_logits=not trainer.bounded and not trainer.pack
-                                          and not trainer.exact_logprobs)
+            trainer = dataclasses.replace(trainer, completion_logits=not trainer.bounded and not trainer.pack)
         if trainer.old_logprobs is None:
             trainer = dataclasses.replace(
                 trainer, old_logprobs="behaviour" if self.model.dtype == "float32" or trainer.exact_logprobs

@@ -357,9 +357,9 @@ def step_config(config: Config, model):
 
     step = StepConfig.of(config.trainer, model=model.config, objective=config.objective(),
                          temperature=config.sampling.temperature, group_size=config.sampling.group_size)
-    if config.trainer.exact_logprobs:  # every row in full, the engine's bits for its pages
-        step = dataclasses.replace(step, exact_block=config.workers.page_size, share_prefix=False)
-    elif config.trainer.completion_logits:
+    if config.trainer.exact_logprobs:  # the engine's bits for its pages
+        step = dataclasses.replace(step, exact_block=config.workers.page_size)
+    if config.trainer.completion_logits:
         step = dataclasses.replace(step, completion_window=config.max_tokens)
     return step
 

@@ -299,6 +299,76 @@ def exact_forward(
     return logits_BTV[:B]
 
 
+@functools.partial(jax.jit, static_argnames=("config", "block", "group_size", "prefix"))
+def exact_hidden(
+    params: dict,
+    tokens_BT: jax.Array,
+    attention_mask_BT: jax.Array,
+    *,
+    config: ModelConfig,
+    block: int,
+    group_size: int = 1,
+    prefix: int = 0,
+) -> jax.Array:
+    """``exact_forward``'s final-normed hidden states ``[B, T, D]``, with the first ``prefix``
+    positions of each group of ``group_size`` rows (one prompt's samples) computed once per group.
+
+    The prefix runs for each group's first row only (its queries see only prefix keys), the rest of
+    every row with its group's prefix keys and values placed before its own, so each query sees
+    the keys it would in its full row, in the same ``block``-key blocks (a prefix need not end on a
+    block boundary): the bits of the full rows, for ``M·prefix + B·(T - prefix)`` positions. Each
+    call is padded to at least ``exact_rows`` positions. Every prefix token must be real.
+    """
+    B, T = tokens_BT.shape
+    least = exact_rows(config)
+
+    def run(tokens_bt, positions_bt, attends):
+        rows = padded_rows(tokens_bt.shape[0], tokens_bt.shape[1], least=least)
+        h_btD, _ = _apply(config, params, pad_rows(tokens_bt, rows), pad_rows(positions_bt, rows), attends, head=False)
+        return h_btD[: tokens_bt.shape[0]]
+
+    positions_BT, mask_BTS = _positions_and_mask(tokens_BT.shape, attention_mask_BT)
+    if prefix <= 0:
+        return run(tokens_BT, positions_BT, [_ordered_attend(config, pad_rows(mask_BTS, padded_rows(B, T, least=least)),
+                                                             block)] * config.num_layers)
+    if not 0 < prefix < T or B % group_size:
+        raise ValueError(f"a prefix of {prefix} tokens and groups of {group_size} rows do not fit a "
+                         f"batch of shape {tokens_BT.shape}")
+    M = B // group_size
+    kept: list = [None] * config.num_layers  # each layer's prefix keys and values, [M, P, K, D]
+
+    def prefix_attend(i, mask_MPP):
+        def attend(q, k, v):
+            kept[i] = (k, v)
+            return ordered_attention(q, k, v, mask_MPP, scale=config.attention_scale, block=block), None
+        return attend
+
+    def rest_attend(i, mask_BRT):
+        def attend(q, k, v):
+            k_prefix, v_prefix = (jnp.repeat(x[:M], group_size, axis=0) for x in kept[i])
+            rows = q.shape[0]
+            k_all = jnp.concatenate([pad_rows(k_prefix, rows), k], axis=1)
+            v_all = jnp.concatenate([pad_rows(v_prefix, rows), v], axis=1)
+            return ordered_attention(q, k_all, v_all, mask_BRT, scale=config.attention_scale, block=block), None
+        return attend
+
+    m_rows = padded_rows(M, prefix, least=least)
+    mask_MPP = pad_rows(causal_mask(jnp.ones((M, prefix), bool)), m_rows)
+    prefix_BPD = run(tokens_BT[::group_size, :prefix], positions_BT[::group_size, :prefix],
+                     [prefix_attend(i, mask_MPP) for i in range(config.num_layers)])
+    b_rows = padded_rows(B, T - prefix, least=least)
+    mask_BRT = pad_rows(mask_BTS[:, prefix:, :], b_rows)
+    rest_BRD = run(tokens_BT[:, prefix:], positions_BT[:, prefix:],
+                   [rest_attend(i, mask_BRT) for i in range(config.num_layers)])
+    return jnp.concatenate([jnp.repeat(prefix_BPD, group_size, axis=0), rest_BRD], axis=1)
+
+
+def exact_head(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """The LM head's float32 logits ``[X, V]`` of final-normed hidden states ``[X, D]`` as the
+    exact engine computes them (at least ``exact_rows`` rows, laid out as a decode step's)."""
+    return _exact_head(config, params, h_XD)
+
+
 # Queries per attention block in a rematerialised layer (``kernels.attention``'s
 # ``query_blocked_attention``): [B, heads, 64, T] float32 scores instead of [B, heads, T, T].
 REMAT_QUERY_BLOCK = 64

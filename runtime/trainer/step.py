@@ -68,8 +68,15 @@ from kernels.objectives import policy_loss, preference_loss
 from kernels.reward_shaping import overlong_penalty
 from runtime.config import OLD_LOGPROBS, TrainerConfig
 from runtime.errors import UsageError
-from runtime.model import ModelConfig, exact_forward, forward
-from runtime.model.transformer import exact_rows, head_logits, hidden_states, shared_prefix_forward
+from runtime.model import ModelConfig, forward
+from runtime.model.transformer import (
+    exact_head,
+    exact_hidden,
+    exact_rows,
+    head_logits,
+    hidden_states,
+    shared_prefix_forward,
+)
 from runtime.numerics import pad_rows, padded_rows
 from runtime.trainer.accumulate import accumulate, blocked_head_logits, head_weight
 from runtime.trainer.batch import TrainBatch
@@ -253,24 +260,45 @@ def _window_logprobs(params, tokens_BT, attention_BT, mask_BS, config: StepConfi
     return spread(logp_BC), spread(entropy_BC)
 
 
-def _exact_logprobs(params, tokens_BT, attention_BT, config: StepConfig):
-    """``(log-probs, entropy)`` ``[B, T-1]`` with the exact engine's bits (``exact_forward``), the
-    log-softmax over at least as many rows as the engine's (the batch padded with empty rows to
-    ``exact_rows`` log-prob rows or more)."""
+def _exact_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
+    """``(log-probs, entropy)`` ``[B, T-1]`` with the exact engine's bits (``exact_hidden``, its
+    shared prefix with ``prefix``, then the LM head and the log-softmax row by row as the engine
+    runs them: ``exact_head``, ``exact_token_logprobs``); with ``mask_BS`` and a
+    ``completion_window``, at each row's window only (0 elsewhere, as :func:`_window_logprobs`)."""
     B, T = tokens_BT.shape
-    rows = padded_rows(B, T - 1, least=exact_rows(config.model))
-    tokens_BT, attention_BT = pad_rows(tokens_BT, rows), pad_rows(attention_BT, rows)
-    logits_BTV = exact_forward(params, tokens_BT, attention_BT, config=config.model, block=config.exact_block)
-    logp_BS = exact_token_logprobs(logits_BTV[:, :-1], tokens_BT[:, 1:], config.temperature)
-    _, entropy_BS = token_logprobs_and_entropy(sg(logits_BTV[:, :-1]), tokens_BT[:, 1:], config.temperature)
-    return logp_BS[:B], entropy_BS[:B]
+    S = T - 1
+    model = config.model
+    h_BTD = exact_hidden(params, tokens_BT, attention_BT, config=model, block=config.exact_block,
+                         group_size=config.group_size if config.prefix > 0 else 1, prefix=config.prefix)
+    if config.completion_window > 0 and mask_BS is not None:
+        C = min(config.completion_window, S)
+        at_BC = jnp.argmax(mask_BS, axis=1)[:, None] + jnp.arange(C)[None, :]
+        inside_BC = at_BC < S
+        at_BC = jnp.minimum(at_BC, S - 1)
+    else:
+        C, at_BC, inside_BC = S, jnp.broadcast_to(jnp.arange(S)[None, :], (B, S)), None
+    h_XD = jnp.take_along_axis(h_BTD[:, :-1], at_BC[..., None], axis=1).reshape(B * C, -1)
+    targets_X = jnp.take_along_axis(tokens_BT[:, 1:], at_BC, axis=1).reshape(B * C)
+    rows = padded_rows(B * C, least=exact_rows(model))
+    logits_XV = exact_head(params, pad_rows(h_XD, rows), config=model)
+    logp_X = exact_token_logprobs(logits_XV, pad_rows(targets_X, rows), config.temperature)[: B * C]
+    _, entropy_X = token_logprobs_and_entropy(sg(logits_XV[: B * C]), targets_X, config.temperature)
+    logp_BC, entropy_BC = logp_X.reshape(B, C), entropy_X.reshape(B, C)
+    if inside_BC is None:
+        return logp_BC, entropy_BC
+    rows_B1 = jnp.arange(B)[:, None]
+
+    def spread(x_BC):  # added, not set: a clamped duplicate adds a zero, and its gradient is zero
+        return jnp.zeros((B, S), x_BC.dtype).at[rows_B1, at_BC].add(jnp.where(inside_BC, x_BC, 0.0))
+
+    return spread(logp_BC), spread(entropy_BC)
 
 
 def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
     """``(log-probs, entropy)`` ``[B, T-1]`` of the targets ``tokens[:, 1:]``; with ``mask_BS`` and a
     ``completion_window`` (whole-batch step), in each row's completion window only."""
     if config.exact_block > 0:
-        return _exact_logprobs(params, tokens_BT, attention_BT, config)
+        return _exact_logprobs(params, tokens_BT, attention_BT, config, mask_BS)
     if config.logits_chunk > 0 or config.remat:
         C = config.logits_chunk if config.logits_chunk > 0 else tokens_BT.shape[1] - 1
         return _chunked_logprobs(

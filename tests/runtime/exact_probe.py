@@ -5,14 +5,16 @@ carry ``runtime.numerics.NO_FMA_FLAG`` (``test_exact_logprobs`` starts it); with
 ``unchecked``, in any process (the control: without the flag the bits differ). Each case draws an
 engine (slots, page size, prefill rows, a pool small enough to preempt or not, continuous or static
 batching), groups of prompts of random lengths sampled at one random temperature, then scores
-every completion three ways: the train step's ``score`` on padded rows, on packed rows
-(``pack_bins`` with sequences on page boundaries) and the train step's own forward pass (its
-``logprob_mismatch_max`` over on-policy rows). The last line is a JSON object: per case, the
+every completion four ways: the train step's ``score`` on padded rows, on packed rows
+(``pack_bins`` with sequences on page boundaries), on padded rows with each group's prompt computed
+once and the LM head at the completions only (a run's default step), and that step's own forward
+pass (its ``logprob_mismatch_max`` over on-policy rows). The last line is a JSON object: per case, the
 draw and the number of completion tokens whose log-prob bits differ, for each way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -81,15 +83,18 @@ def case(model: Model, gen: np.random.Generator) -> dict:
     padded = pack(samples, group_size=G, width=max_seq, pad_id=0)
     packed = pack_bins(samples, group_size=G, width=max_seq, pad_id=0, align=page)
     mask = np.asarray(padded.mask_BS)
+    # A run's default step: each group's prompt once (the shortest prompt), the LM head at the completions only.
+    shared = dataclasses.replace(step, prefix=min(len(p) for p in prompts),
+                                 completion_window=max(len(c.tokens) for c in completions))
     differ = {}
-    for name, batch in (("padded", padded), ("packed", packed)):
+    for name, batch, config in (("padded", padded, step), ("packed", packed, step), ("shared", padded, shared)):
         logp = score(weights, jnp.asarray(batch.tokens_BT), jnp.asarray(batch.attention_BT), jnp.asarray(batch.mask_BS),
-                     None if batch.rows_BS is None else jnp.asarray(batch.rows_BS), config=step)
+                     None if batch.rows_BS is None else jnp.asarray(batch.rows_BS), config=config)
         differ[name] = int(np.sum((np.asarray(logp) != padded.behaviour_BS) & mask))
     opt = make_optimizer(step).init(weights)
     zeros = jnp.zeros(mask.shape, jnp.float32)
     _, _, metrics = train_step(jax.tree.map(jnp.array, weights), opt, jax.device_put(padded), zeros, zeros,
-                               jnp.ones(len(samples), bool), config=step)
+                               jnp.ones(len(samples), bool), config=shared)
     return {"slots": slots, "page": page, "small_pool": small_pool, "groups": M, "group_size": G,
             "batching": batching, "tokens": int(mask.sum()), "differ": differ,
             "step_mismatch_max": float(metrics["logprob_mismatch_max"]),

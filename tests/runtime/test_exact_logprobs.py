@@ -44,7 +44,7 @@ def _probe(seed: int, cases: int, dtype: str, *, exact: bool = True) -> list[dic
 def test_the_train_step_gives_the_engines_log_prob_bits(dtype, seed):
     cases = _probe(seed, 4, dtype)
     for c in cases:
-        assert c["differ"] == {"padded": 0, "packed": 0}, c
+        assert c["differ"] == {"padded": 0, "packed": 0, "shared": 0}, c
         assert c["step_mismatch_max"] == 0.0, c
     assert sum(c["tokens"] for c in cases) > 150
     assert any(c["preemptions"] for c in cases)  # recomputed after preemption, the same bits
@@ -81,12 +81,11 @@ def test_the_config_resolves_and_refuses():
     config = load_config(None, ["trainer.exact_logprobs=true", "model.dtype=bfloat16"]).resolved()
     assert config.trainer.old_logprobs == "behaviour"  # exact in bfloat16 too: no recompute pass
     assert config.workers.attention == "ordered"
-    assert config.trainer.shared_prefix is False and config.trainer.completion_logits is False
+    assert config.trainer.shared_prefix is True and config.trainer.completion_logits is True  # they keep the bits
     for overrides, names in (
         (["trainer.mesh={model=2}"], "trainer.exact_logprobs"),
         (["inference.mesh={model=2}"], "inference.mesh"),
         (["workers.attention=live"], "workers.attention"),
-        (["trainer.shared_prefix=true"], "trainer.shared_prefix"),
     ):
         with pytest.raises(ConfigError) as e:
             load_config(None, ["trainer.exact_logprobs=true", *overrides])
