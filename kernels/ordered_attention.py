@@ -63,8 +63,11 @@ def block_step(
     q_DXQ1 = jnp.moveaxis(q_XQD.astype(jnp.float32), -1, 0)[..., None]
     k_DX1C = jnp.moveaxis(k_XCD.astype(jnp.float32), -1, 0)[..., None, :]
     v_CX1D = jnp.moveaxis(v_XCD.astype(jnp.float32), -2, 0)[..., None, :]
-    # scores[q, c] = q_q . k_c, summed over the head dimension term by term.
-    scores_XQC = _in_order([q_DXQ1[d] * k_DX1C[d] for d in range(D)], jnp.add) * jnp.float32(scale)
+    # scores[q, c] = q_q . k_c, summed over the head dimension term by term: a loop, not D
+    # operations in the program (a model's every layer has one, and the compile time would follow).
+    scores_XQC = jax.lax.fori_loop(
+        1, D, lambda d, total: total + q_DXQ1[d] * k_DX1C[d], q_DXQ1[0] * k_DX1C[0]
+    ) * jnp.float32(scale)
     valid_XQC = jnp.broadcast_to(valid_XQC, scores_XQC.shape)
     scores_XQC = jnp.where(valid_XQC, scores_XQC, -jnp.inf)
     valid_CXQ = jnp.moveaxis(valid_XQC, -1, 0)

@@ -102,3 +102,22 @@ def test_packed_sequences_start_on_page_boundaries():
     assert len(starts) == 6 and all(t % 8 == 0 for t in starts)
     packed = pack_bins(samples, group_size=2, width=32, pad_id=0)
     assert int((np.asarray(packed.attention_BT) > 0).sum()) == int((segments > 0).sum())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype,mode", [("float32", "processes"), ("bfloat16", "threads")])
+def test_a_run_in_the_mode_measures_no_mismatch_on_any_step(tmp_path, dtype, mode):
+    from tests.runtime.small_run import TINY
+
+    out = tmp_path / "run"
+    sets = [*TINY, "trainer.exact_logprobs=true", f"model.dtype={dtype}", f"workers.mode={mode}",
+            f"pretrain.cache_dir={tmp_path / 'cache'}"]
+    argv = [sys.executable, "-m", "runtime.cli", "run", "--steps", "2", "--out", str(out), "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # rlx run adds the flag itself
+    done = subprocess.run(argv + [a for s in sets for a in ("--set", s)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    with open(out / "summary.json", encoding="utf-8") as f:
+        summary = json.load(f)
+    assert [m["logprob_mismatch_max"] for m in summary["metrics"]] == [0.0, 0.0]
+    assert summary["logprob_mismatch_max_run"] == 0.0
