@@ -24,6 +24,16 @@ def causal_mask(valid_BT: jax.Array) -> jax.Array:
     return causal_TS[None, :, :] & valid_BT[:, None, :].astype(bool)
 
 
+def check_heads(q_BTHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array) -> None:
+    """Refuse queries, keys and values whose heads do not fit grouped-query attention."""
+    H, D, K = q_BTHD.shape[2], q_BTHD.shape[3], k_BSKD.shape[2]
+    if H % K or k_BSKD.shape[-1] != D or v_BSKD.shape != k_BSKD.shape:
+        raise ValueError(
+            f"queries {q_BTHD.shape}, keys {k_BSKD.shape} and values {v_BSKD.shape} do not fit: "
+            "num_heads must be a multiple of num_kv_heads and head_dim must match"
+        )
+
+
 def dense_attention(
     q_BTHD: jax.Array,
     k_BSKD: jax.Array,
@@ -33,13 +43,9 @@ def dense_attention(
     scale: float,
 ) -> jax.Array:
     """Masked softmax attention; returns ``[B, T, num_heads, head_dim]`` in the dtype of q."""
+    check_heads(q_BTHD, k_BSKD, v_BSKD)
     B, T, H, D = q_BTHD.shape
     K = k_BSKD.shape[2]
-    if H % K or k_BSKD.shape[-1] != D or v_BSKD.shape != k_BSKD.shape:
-        raise ValueError(
-            f"queries {q_BTHD.shape}, keys {k_BSKD.shape} and values {v_BSKD.shape} do not fit: "
-            "num_heads must be a multiple of num_kv_heads and head_dim must match"
-        )
     q_BTKGD = q_BTHD.reshape(B, T, K, H // K, D)
     scores_BKGTS = jnp.einsum(
         "btkgd,bskd->bkgts", q_BTKGD, k_BSKD, preferred_element_type=jnp.float32

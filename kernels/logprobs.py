@@ -29,10 +29,15 @@ def tempered_log_softmax(logits_XV: jax.Array, temperature: float | jax.Array = 
       temperature: a scalar or an array broadcastable to ``X`` (one temperature per row, e.g. per
         request in a decode batch). Non-positive entries mean ``T = 1``.
     """
+    return jax.nn.log_softmax(_tempered(logits_XV, temperature), axis=-1)
+
+
+def _tempered(logits_XV: jax.Array, temperature: float | jax.Array) -> jax.Array:
+    """``logits / T`` in float32, ``T = 1`` where the temperature is not positive."""
     temperature_X = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), logits_XV.shape[:-1])
     temperature_X1 = temperature_X[..., None]
     temperature_X1 = jnp.where(temperature_X1 > 0, temperature_X1, 1.0)
-    return jax.nn.log_softmax(logits_XV.astype(jnp.float32) / temperature_X1, axis=-1)
+    return logits_XV.astype(jnp.float32) / temperature_X1
 
 
 def token_logprobs(
@@ -71,9 +76,7 @@ def exact_token_logprobs(logits_XV: jax.Array, tokens_X: jax.Array, temperature:
     fuse with its neighbours (a train step's backward pass reads the same exponentials, and
     XLA:CPU then emits the fused sum another way).
     """
-    temperature_X = jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), logits_XV.shape[:-1])
-    temperature_X1 = temperature_X[..., None]
-    z_XV = logits_XV.astype(jnp.float32) / jnp.where(temperature_X1 > 0, temperature_X1, 1.0)
+    z_XV = _tempered(logits_XV, temperature)
     shifted_XV = z_XV - jax.lax.stop_gradient(jnp.max(z_XV, axis=-1, keepdims=True))
     total_X = jnp.dot(jnp.exp(shifted_XV), jnp.ones(shifted_XV.shape[-1], jnp.float32))
     picked_X = jnp.take_along_axis(shifted_XV, tokens_X[..., None].astype(jnp.int32), axis=-1)[..., 0]

@@ -16,8 +16,8 @@ so here no reduction is left to the compiler:
   a block with no key a query may see leaves that query's state untouched (a selection, not an
   update by zero), so a query's result does not depend on how many blocks follow its last one.
 
-So ``ordered_attention`` over a row and ``paged_attention_ordered`` over the pages the engine
-wrote do the same operations on the same values for each query, whatever the batch, the row width
+So ``ordered_attention`` over a row and ``kernels.paged_attention``'s ``"ordered"`` implementation
+over the pages the engine wrote do the same operations on the same values for each query, whatever the batch, the row width
 or the number of live pages. One further condition is the compiler's: it must not contract a
 multiplication and an addition into one fused multiply-add in one program and not in another
 (XLA:CPU does, inside its fusions, as the shapes lead it), which ``runtime.numerics`` arranges.
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from kernels.attention import check_heads
 
 State = tuple[jax.Array, jax.Array, jax.Array]  # running max [..., 1], weight sum [..., 1], values [..., D]
 
@@ -115,13 +117,11 @@ def ordered_attention(
     for the engine's bits key 0 of a row must be position 0 of its sequence (a packed row's
     sequences each start on a block boundary). Returns ``[B, T, H, D]`` in the dtype of q.
     """
+    check_heads(q_BTHD, k_BSKD, v_BSKD)
+    if block < 1:
+        raise ValueError(f"block {block} is not accepted: it must be >= 1")
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
-    if H % K or k_BSKD.shape[-1] != D or v_BSKD.shape != k_BSKD.shape or block < 1:
-        raise ValueError(
-            f"queries {q_BTHD.shape}, keys {k_BSKD.shape}, values {v_BSKD.shape} and block {block} "
-            "do not fit: num_heads must be a multiple of num_kv_heads, head_dim must match, block >= 1"
-        )
     G, N = H // K, -(-S // block)
     pad = N * block - S
     # [B, S, K, D] -> [N, B, K, C, D]: the blocks of each row's keys, in order.
@@ -142,36 +142,3 @@ def ordered_attention(
     state, _ = jax.lax.scan(step, initial_state((B, K, T * G), D), (blocks(k_BSKD), blocks(v_BSKD), mask_NB1QC))
     out_BKQD = finish(state)
     return jnp.moveaxis(out_BKQD.reshape(B, K, T, G, D), 2, 1).reshape(B, T, H, D).astype(q_BTHD.dtype)
-
-
-def paged_attention_ordered(
-    q_BHD: jax.Array,
-    k_pages_KNSD: jax.Array,
-    v_pages_KNSD: jax.Array,
-    lengths_B: jax.Array,
-    page_indices_BP: jax.Array,
-    *,
-    scale: float,
-) -> jax.Array:
-    """Single-query attention over the paged cache (``kernels.paged_attention``'s layout and
-    contract), a page at a time over the pages of the longest live sequence, with
-    :func:`block_step`: the bits :func:`ordered_attention` gives the same query over the same keys
-    in a row whose blocks are these pages."""
-    B, H, D = q_BHD.shape
-    K, _, C, _ = k_pages_KNSD.shape
-    G = H // K
-    q_BK1GD = q_BHD.reshape(B, K, G, D)
-    lengths_B = lengths_B.astype(jnp.int32)
-    live_pages = jnp.minimum((jnp.max(lengths_B) + C - 1) // C, page_indices_BP.shape[1])
-
-    def page(p, state):
-        pages_B = page_indices_BP[:, p]
-        k_BKCD = jnp.moveaxis(k_pages_KNSD[:, pages_B], 0, 1)
-        v_BKCD = jnp.moveaxis(v_pages_KNSD[:, pages_B], 0, 1)
-        valid_BC = p * C + jnp.arange(C)[None, :] < lengths_B[:, None]
-        # Unwritten slots may hold anything (NaN included); no query sees them.
-        v_BKCD = jnp.where(valid_BC[:, None, :, None], v_BKCD, jnp.zeros((), v_BKCD.dtype))
-        return block_step(state, q_BK1GD, k_BKCD, v_BKCD, valid_BC[:, None, None, :], scale=scale)
-
-    state = jax.lax.fori_loop(0, live_pages, page, initial_state((B, K, G), D))
-    return finish(state).reshape(B, H, D).astype(q_BHD.dtype)

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.ordered_attention import paged_attention_ordered
+from kernels.ordered_attention import block_step, finish, initial_state
 
 IMPLS = ("reference", "live", "ordered", "pallas", "pallas_interpret")
 
@@ -215,6 +215,36 @@ def paged_attention_live(
     _, denom_BKG1, acc_BKGD = jax.lax.fori_loop(0, live_pages, page, state)
     out_BKGD = acc_BKGD / jnp.where(denom_BKG1 > 0, denom_BKG1, 1.0)
     return out_BKGD.reshape(B, H, D).astype(q_BHD.dtype)
+
+
+def paged_attention_ordered(
+    q_BHD: jax.Array,
+    k_pages_KNSD: jax.Array,
+    v_pages_KNSD: jax.Array,
+    lengths_B: jax.Array,
+    page_indices_BP: jax.Array,
+    *,
+    scale: float,
+) -> jax.Array:
+    """``paged_attention_live``'s pages with ``kernels.ordered_attention.block_step``: the bits
+    ``ordered_attention`` gives the same query over the same keys in a row whose blocks are these
+    pages."""
+    B, H, D, K, S, P, G = _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
+    q_BKGD = q_BHD.reshape(B, K, G, D)
+    lengths_B = lengths_B.astype(jnp.int32)
+    live_pages = jnp.minimum((jnp.max(lengths_B) + S - 1) // S, P)
+
+    def page(p, state):
+        pages_B = page_indices_BP[:, p]
+        k_BKSD = jnp.moveaxis(k_pages_KNSD[:, pages_B], 0, 1)
+        v_BKSD = jnp.moveaxis(v_pages_KNSD[:, pages_B], 0, 1)
+        valid_BS = p * S + jnp.arange(S)[None, :] < lengths_B[:, None]
+        # Unwritten slots may hold anything (NaN included); no query sees them.
+        v_BKSD = jnp.where(valid_BS[:, None, :, None], v_BKSD, jnp.zeros((), v_BKSD.dtype))
+        return block_step(state, q_BKGD, k_BKSD, v_BKSD, valid_BS[:, None, None, :], scale=scale)
+
+    state = jax.lax.fori_loop(0, live_pages, page, initial_state((B, K, G), D))
+    return finish(state).reshape(B, H, D).astype(q_BHD.dtype)
 
 
 def _paged_attention_kernel(

@@ -13,8 +13,8 @@ computes whole rows of a batch. Three things make those programs agree per posit
   reduction over each row (a norm's mean, the log-softmax's sum) is emitted another way for an
   array of fewer than about 4,096 elements. Every call of the mode has at least
   :func:`min_rows` rows (padded with empty rows where it has fewer: an engine with 4 slots, a
-  prefill's last positions, a one-row batch), where neither depends on the row count;
-  :func:`check_row_invariance` verifies the matmuls of a model's shapes.
+  prefill's last positions, a one-row batch), where neither depends on the row count
+  (``tests/runtime/test_exact_logprobs.py`` checks the bits).
 - **No contraction to fused multiply-adds.** Inside its fusions XLA:CPU turns ``a·b + c`` into
   one FMA where the target has them, and which products it fuses depends on how each program's
   shapes led it to fuse: ``q·k`` rounded in one program, fused into the softmax's subtraction in
@@ -36,7 +36,6 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from runtime.errors import UsageError
 
@@ -112,23 +111,3 @@ def pad_rows(x: jax.Array, rows: int, value=0) -> jax.Array:
     if extra <= 0:
         return x
     return jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1), constant_values=value)
-
-
-def check_row_invariance(shapes: list[tuple[int, int]], *, rows: tuple[int, ...] = (EXACT_MIN_ROWS, 100, 257),
-                         dtype=jnp.float32, seed: int = 0) -> None:
-    """Verify that each ``[K, N]`` matmul gives every row the same bits at each count of ``rows``
-    as at the largest; raise ``UsageError`` naming the first shape where it does not."""
-    gen = np.random.default_rng(seed)
-    matmul = jax.jit(jnp.matmul)
-    for K, N in shapes:
-        w_KN = jnp.asarray(gen.standard_normal((K, N), np.float32) * 0.05, dtype)
-        x_MK = jnp.asarray(gen.standard_normal((max(rows), K), np.float32), dtype)
-        whole = np.asarray(matmul(x_MK, w_KN).astype(jnp.float32))
-        for m in rows:
-            part = np.asarray(matmul(x_MK[:m], w_KN).astype(jnp.float32))
-            if not np.array_equal(part, whole[:m]):
-                raise UsageError(
-                    f"exact log-probs need matmuls whose rows do not depend on the row count; on this "
-                    f"machine a [{K}, {N}] {jnp.dtype(dtype).name} matmul of {m} rows differs from one of "
-                    f"{max(rows)} rows"
-                )

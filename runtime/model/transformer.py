@@ -263,40 +263,13 @@ def exact_rows(config: ModelConfig) -> int:
     return min_rows(config.hidden_size, config.vocab_size)
 
 
-def _exact_head(config: ModelConfig, params: dict, h_XD: jax.Array) -> jax.Array:
-    """The LM head over ``h_XD`` ``[X, D]`` with at least ``exact_rows`` rows (padded), laid out
-    ``[X, 1, D]`` as a decode step's."""
+def exact_head(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:
+    """The LM head's float32 logits ``[X, V]`` of final-normed hidden states ``[X, D]`` as the
+    exact engine computes them: at least ``exact_rows`` rows (padded), laid out ``[X, 1, D]`` as
+    a decode step's."""
     X = h_XD.shape[0]
     h_X1D = pad_rows(h_XD, padded_rows(X, least=exact_rows(config)))[:, None]
     return head_logits(params, h_X1D, config=config)[:X, 0]
-
-
-@functools.partial(jax.jit, static_argnames=("config", "block"))
-def exact_forward(
-    params: dict,
-    tokens_BT: jax.Array,
-    attention_mask_BT: jax.Array | None = None,
-    *,
-    config: ModelConfig,
-    block: int,
-) -> jax.Array:
-    """``forward``'s logits with the engine's exact-mode bits (``runtime.numerics``).
-
-    Every position's logits are those the exact engine (pages of ``block`` tokens) computed for
-    it, in a prefill or a decode step: attention in ``kernels.ordered_attention``'s order over
-    ``block``-token blocks of the row (a sequence must start on a block boundary: position 0 of
-    a row, or of a packed sequence placed there), every call over at least ``exact_rows``
-    positions (the batch is padded with empty rows when ``B·T`` is fewer).
-    """
-    B, T = tokens_BT.shape
-    if attention_mask_BT is None:
-        attention_mask_BT = jnp.ones((B, T), bool)
-    rows = padded_rows(B, T, least=exact_rows(config))
-    tokens_BT, attention_mask_BT = pad_rows(tokens_BT, rows), pad_rows(attention_mask_BT, rows)
-    positions_BT, mask_BTS = _positions_and_mask(tokens_BT.shape, attention_mask_BT)
-    attends = [_ordered_attend(config, mask_BTS, block)] * config.num_layers
-    logits_BTV, _ = _apply(config, params, tokens_BT, positions_BT, attends)
-    return logits_BTV[:B]
 
 
 @functools.partial(jax.jit, static_argnames=("config", "block", "group_size", "prefix"))
@@ -363,10 +336,28 @@ def exact_hidden(
     return jnp.concatenate([jnp.repeat(prefix_BPD, group_size, axis=0), rest_BRD], axis=1)
 
 
-def exact_head(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:
-    """The LM head's float32 logits ``[X, V]`` of final-normed hidden states ``[X, D]`` as the
-    exact engine computes them (at least ``exact_rows`` rows, laid out as a decode step's)."""
-    return _exact_head(config, params, h_XD)
+@functools.partial(jax.jit, static_argnames=("config", "block"))
+def exact_forward(
+    params: dict,
+    tokens_BT: jax.Array,
+    attention_mask_BT: jax.Array | None = None,
+    *,
+    config: ModelConfig,
+    block: int,
+) -> jax.Array:
+    """``forward``'s logits with the engine's exact-mode bits (``runtime.numerics``).
+
+    Every position's logits are those the exact engine (pages of ``block`` tokens) computed for
+    it, in a prefill or a decode step: ``exact_hidden``'s hidden states (attention in
+    ``kernels.ordered_attention``'s order over ``block``-token blocks of the row; a sequence must
+    start on a block boundary: position 0 of a row, or of a packed sequence placed there), then
+    ``exact_head`` at every position.
+    """
+    B, T = tokens_BT.shape
+    if attention_mask_BT is None:
+        attention_mask_BT = jnp.ones((B, T), bool)
+    h_BTD = exact_hidden(params, tokens_BT, attention_mask_BT, config=config, block=block)
+    return exact_head(params, h_BTD.reshape(B * T, -1), config=config).reshape(B, T, -1)
 
 
 # Queries per attention block in a rematerialised layer (``kernels.attention``'s
@@ -612,7 +603,7 @@ def prefill(
         # The final norm over every position (as many rows as the layers'), then the last ones.
         h_BTD, states = _apply(config, params, tokens_BT, positions_BT, attends, head=False)
         h_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None].astype(jnp.int32), axis=1)[:, 0]
-        return _exact_head(config, params, h_BD)[:given], _collect(states)
+        return exact_head(params, h_BD, config=config)[:given], _collect(states)
     logits_BV, states = _apply(config, params, tokens_BT, positions_BT, attends, last_B)
     return logits_BV, _collect(states)
 

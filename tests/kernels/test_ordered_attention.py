@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from kernels.attention import causal_mask, dense_attention
-from kernels.ordered_attention import ordered_attention, paged_attention_ordered
-from kernels.paged_attention import paged_attention, paged_attention_reference
+from kernels.ordered_attention import ordered_attention
+from kernels.paged_attention import paged_attention, paged_attention_ordered, paged_attention_reference
 
 TOL = dict(rtol=2e-5, atol=2e-6)  # float32: the sums run in another order than the reference's
 

@@ -30,26 +30,12 @@ from runtime.numerics import check_exact_backend
 from runtime.trainer import Sample, StepConfig, make_optimizer, pack, train_step
 from runtime.trainer.batch import pack_bins
 from runtime.trainer.step import score
-
-EOS = 2
+from tests.runtime.inference.conftest import CONFIG, widened_model
 
 
 def model_config(dtype: str) -> ModelConfig:
-    return ModelConfig(vocab_size=53, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                       intermediate_size=64, qkv_bias=True, rope_theta=1000.0, max_position_embeddings=64,
-                       eos_token_id=EOS, dtype=dtype)
-
-
-def widened(config: ModelConfig, seed: int) -> Model:
-    """Random weights spread wider than the init, so that logits are far from ties."""
-    model = Model.init(config, key=jax.random.key(seed))
-    keys = iter(jax.random.split(jax.random.key(seed + 1), 64))
-
-    def widen(path, x):
-        noise = jax.random.normal(next(keys), x.shape, jnp.float32)
-        return (1.0 + 0.2 * noise if path[-1].key == "scale" else 0.3 * noise).astype(x.dtype)
-
-    return model.with_params(jax.tree_util.tree_map_with_path(widen, model.params))
+    """The engine tests' tiny decoder in ``dtype``."""
+    return dataclasses.replace(CONFIG, dtype=dtype)
 
 
 def case(model: Model, gen: np.random.Generator) -> dict:
@@ -105,7 +91,7 @@ def main(argv: list[str]) -> int:
     seed, cases, dtype = int(argv[1]), int(argv[2]), argv[3]
     if argv[4:] != ["unchecked"]:
         check_exact_backend()
-    model = widened(model_config(dtype), seed)
+    model = widened_model(seed, model_config(dtype))
     gen = np.random.default_rng(seed)
     print(json.dumps({"dtype": dtype, "cases": [case(model, gen) for _ in range(cases)]}))
     return 0

@@ -21,9 +21,9 @@ CONFIG = ModelConfig(
 ENGINE = dict(max_slots=4, page_size=4, num_pages=21, max_seq_len=32)
 
 
-def widened_model(seed: int = 0) -> Model:
+def widened_model(seed: int = 0, config: ModelConfig = CONFIG) -> Model:
     """Random weights spread wider than the init, so that logits are far from ties."""
-    model = Model.init(CONFIG, key=jax.random.key(seed))
+    model = Model.init(config, key=jax.random.key(seed))
     keys = iter(jax.random.split(jax.random.key(seed + 1), 64))
 
     def widen(path, x):

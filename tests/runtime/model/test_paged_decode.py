@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from runtime.model import KVCache, Model, ModelConfig, decode, forward, init_cache, prefill
+from tests.runtime.inference.conftest import widened_model
 
 CONFIG = ModelConfig(
     vocab_size=53,
@@ -27,14 +28,7 @@ DECODE_TOL = 1e-5
 
 
 def _model(config=CONFIG, seed=0) -> Model:
-    model = Model.init(config, key=jax.random.key(seed))
-    keys = iter(jax.random.split(jax.random.key(seed + 1), 64))
-
-    def widen(path, x):
-        noise = jax.random.normal(next(keys), x.shape, jnp.float32)
-        return (1.0 + 0.2 * noise if path[-1].key == "scale" else 0.3 * noise).astype(x.dtype)
-
-    return model.with_params(jax.tree_util.tree_map_with_path(widen, model.params))
+    return widened_model(seed, config)
 
 
 def _nan_cache(config=CONFIG) -> KVCache:
