@@ -29,10 +29,12 @@ block. Scores, softmax and the weighted sum are float32; the output has the dtyp
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from kernels.attention import check_heads
+from kernels.attention import check_heads, dense_attention
 
 State = tuple[jax.Array, jax.Array, jax.Array]  # running max [..., 1], weight sum [..., 1], values [..., D]
 
@@ -116,10 +118,20 @@ def ordered_attention(
     ``mask_BTS[b, t, s]``: query ``t`` sees key ``s``. Key ``s`` is in block ``s // block``, so
     for the engine's bits key 0 of a row must be position 0 of its sequence (a packed row's
     sequences each start on a block boundary). Returns ``[B, T, H, D]`` in the dtype of q.
+
+    Its gradient is ``dense_attention``'s (recomputed from the inputs): the derivative of the
+    same function, with the compiler's summation orders. Only the forward values must be the
+    engine's; differentiating the ordered sums would cost a train step several times the
+    attention's own work (a loop over the head dimension, run backwards, in every layer).
     """
     check_heads(q_BTHD, k_BSKD, v_BSKD)
     if block < 1:
         raise ValueError(f"block {block} is not accepted: it must be >= 1")
+    return _ordered_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, block)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _ordered_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale: float, block: int) -> jax.Array:
     B, T, H, D = q_BTHD.shape
     S, K = k_BSKD.shape[1], k_BSKD.shape[2]
     G, N = H // K, -(-S // block)
@@ -142,3 +154,17 @@ def ordered_attention(
     state, _ = jax.lax.scan(step, initial_state((B, K, T * G), D), (blocks(k_BSKD), blocks(v_BSKD), mask_NB1QC))
     out_BKQD = finish(state)
     return jnp.moveaxis(out_BKQD.reshape(B, K, T, G, D), 2, 1).reshape(B, T, H, D).astype(q_BTHD.dtype)
+
+
+def _ordered_attention_forward(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, block):
+    out = _ordered_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, block)
+    return out, (q_BTHD, k_BSKD, v_BSKD, mask_BTS)
+
+
+def _ordered_attention_backward(scale, block, inputs, g_BTHD):
+    q_BTHD, k_BSKD, v_BSKD, mask_BTS = inputs
+    _, vjp = jax.vjp(lambda q, k, v: dense_attention(q, k, v, mask_BTS, scale=scale), q_BTHD, k_BSKD, v_BSKD)
+    return (*vjp(g_BTHD), None)
+
+
+_ordered_attention.defvjp(_ordered_attention_forward, _ordered_attention_backward)

@@ -266,10 +266,27 @@ def exact_rows(config: ModelConfig) -> int:
 def exact_head(params: dict, h_XD: jax.Array, *, config: ModelConfig) -> jax.Array:
     """The LM head's float32 logits ``[X, V]`` of final-normed hidden states ``[X, D]`` as the
     exact engine computes them: at least ``exact_rows`` rows (padded), laid out ``[X, 1, D]`` as
-    a decode step's."""
+    a decode step's, accumulated in float32 and rounded to the compute dtype by an explicit
+    ``reduce_precision``.
+
+    ``head``'s values, with its rounding written out: ``head`` casts a compute-dtype product to
+    float32, and in bfloat16 XLA:CPU keeps or drops that rounding as the program around it is
+    fused (measured: a forward-only scoring program fused the cast into the log-softmax and gave
+    other bits on every token than the engine's, which stores its logits, and the train step's).
+    A ``reduce_precision`` is an operation of its own, kept in every program.
+    """
     X = h_XD.shape[0]
-    h_X1D = pad_rows(h_XD, padded_rows(X, least=exact_rows(config)))[:, None]
-    return head_logits(params, h_X1D, config=config)[:X, 0]
+    dtype = config.compute_dtype
+    h_X1D = pad_rows(h_XD, padded_rows(X, least=exact_rows(config)))[:, None].astype(dtype)
+    if config.tie_word_embeddings:
+        w_DV = params["embed_tokens"]["embedding"].astype(dtype).T
+    else:
+        w_DV = params["lm_head"]["kernel"].astype(dtype)
+    logits_X1V = jnp.dot(h_X1D, w_DV, preferred_element_type=jnp.float32)
+    if dtype != jnp.float32:
+        info = jnp.finfo(dtype)
+        logits_X1V = jax.lax.reduce_precision(logits_X1V, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return logits_X1V[:X, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("config", "block", "group_size", "prefix"))

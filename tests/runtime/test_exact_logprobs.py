@@ -45,11 +45,9 @@ def test_the_train_step_gives_the_engines_log_prob_bits(dtype, seed):
     cases = _probe(seed, 4, dtype)
     for c in cases:
         assert c["step_mismatch_max"] == 0.0, c  # the train step's own forward pass: what a run checks
-        # In bfloat16 the forward-only scoring program (score: a reference model's log-probs, the
-        # divergence message) does not yet give the engine's bits, while the train step does: an
-        # open gap, so only float32 checks it.
-        if dtype == "float32":
-            assert c["differ"] == {"padded": 0, "packed": 0, "shared": 0}, c
+        # The forward-only scoring program (score: a reference model's log-probs, the divergence
+        # message) on padded, packed and shared-prefix rows.
+        assert c["differ"] == {"padded": 0, "packed": 0, "shared": 0}, c
     assert sum(c["tokens"] for c in cases) > 150
     assert any(c["preemptions"] for c in cases)  # recomputed after preemption, the same bits
 
