@@ -3,7 +3,7 @@
 In the exact-log-prob mode (``trainer.exact_logprobs``) the trainer's log-prob of every sampled
 token equals, bit for bit, the one the engine recorded when it sampled it. The engine computes a
 prompt in a prefill and every later token in a decode step over all its slots; the trainer
-computes whole rows of a batch. Three things make those programs agree per position:
+computes whole rows of a batch. These things make those programs agree per position:
 
 - **Attention** in a fixed order (``kernels.ordered_attention``): keys a page at a time, every
   sum term by term, on both sides.
@@ -21,6 +21,15 @@ computes whole rows of a batch. Three things make those programs agree per posit
   another. The mode compiles for an x86 target without FMA (:data:`NO_FMA_FLAG`); a process must
   start with it in ``XLA_FLAGS`` (rlx sets it for the processes it starts; :func:`exact_env`).
   It costs little: the large matmuls run in Eigen's own kernels, which the flag does not change.
+- **Roundings written out.** A narrower compute dtype's rounding that a program may keep or drop
+  as it fuses is an operation of its own: the LM head's bfloat16 logits are a float32-accumulated
+  product rounded by ``reduce_precision`` (``runtime.model.transformer.exact_head``), because a
+  cast of a bfloat16 product to float32 fused into the log-softmax gave other bits in a
+  forward-only program than in the engine's, which stores its logits, or in the train step.
+
+The trainer differentiates only its own values: ordered attention's gradient is dense
+attention's (``kernels.ordered_attention``), so the backward pass costs what the default step's
+does.
 
 Other backends fuse multiply-adds their own way (GPU and TPU compilers), and a mesh with a model
 axis splits the contractions: there the mode is refused (:func:`check_exact_backend`), not

@@ -107,13 +107,18 @@ def test_packed_sequences_start_on_page_boundaries():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype,mode", [("float32", "processes"), ("bfloat16", "threads")])
-def test_a_run_in_the_mode_measures_no_mismatch_on_any_step(tmp_path, dtype, mode):
+@pytest.mark.parametrize("dtype,mode,extra", [
+    ("float32", "processes", []),
+    ("bfloat16", "threads", []),
+    # packed rows, a KV pool small enough to preempt, pages of 4 (prompts shared, as by default)
+    ("float32", "threads", ["trainer.pack=true", "workers.page_size=4", "inference.kv_pages=8"]),
+])
+def test_a_run_in_the_mode_measures_no_mismatch_on_any_step(tmp_path, dtype, mode, extra):
     from tests.runtime.small_run import TINY
 
     out = tmp_path / "run"
     sets = [*TINY, "trainer.exact_logprobs=true", f"model.dtype={dtype}", f"workers.mode={mode}",
-            f"pretrain.cache_dir={tmp_path / 'cache'}"]
+            f"pretrain.cache_dir={tmp_path / 'cache'}", *extra]
     argv = [sys.executable, "-m", "runtime.cli", "run", "--steps", "2", "--out", str(out), "--no-progress"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # rlx run adds the flag itself
     done = subprocess.run(argv + [a for s in sets for a in ("--set", s)], cwd=ROOT, env=env, capture_output=True,
