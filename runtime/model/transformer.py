@@ -649,7 +649,7 @@ def decode(
       page_indices_BP: int32 page table, fixed width; it must hold a page for ``positions_B``.
       attention_impl: one of ``kernels.paged_attention.IMPLS`` (default ``"reference"``);
         ``"ordered"`` is the exact mode (``runtime.numerics``): every call over at least
-        ``exact_rows`` rows (empty slots added), and the logits ``exact_forward``'s bits.
+        ``exact_rows`` rows (empty slots added), the logits ``exact_head``'s (``exact_forward``'s bits).
 
     Returns:
       ``(logits_BV, cache)``: float32 next-token logits and the cache with the new tokens written.
@@ -681,5 +681,8 @@ def decode(
         _write_attend(k, v, positions_B1, page_indices_BP, active_B[:, None], attention)
         for k, v in zip(cache.k_pages, cache.v_pages, strict=True)
     ]
+    if attention_impl == "ordered":  # the exact head (its rounding written out), as the prefill's and the trainer's
+        h_B1D, states = _apply(config, params, tokens_B[:, None], positions_B1, attends, head=False)
+        return exact_head(params, h_B1D[:, 0], config=config)[:given], _collect(states)
     logits_B1V, states = _apply(config, params, tokens_B[:, None], positions_B1, attends)
     return logits_B1V[:given, 0], _collect(states)

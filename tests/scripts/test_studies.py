@@ -33,7 +33,7 @@ def study(script: str, out: str, cache_dir: str, *extra: str) -> subprocess.Comp
 @pytest.mark.parametrize(("script", "extra", "labels", "own"), [
     ("staleness", ["--staleness", "0", "1", "--modes", "deterministic"], ["deterministic-s0", "deterministic-s1"],
      "staleness_mean"),
-    ("alignment", ["--dtypes", "float32"], ["float32-none", "float32-tis"], "mismatch_max"),
+    ("alignment", ["--dtypes", "float32"], ["float32-none", "float32-tis", "float32-exact"], "mismatch_max"),
 ])
 def test_study_writes_its_figure_table_and_results(tmp_path, cache_dir, script, extra, labels, own):
     proc = study(script, str(tmp_path), cache_dir, *extra)
@@ -53,6 +53,9 @@ def test_study_writes_its_figure_table_and_results(tmp_path, cache_dir, script, 
         assert isinstance(row[own], float)
         assert f"| {label} |" in table
     assert "--steps 2" in table and "workers.mode=threads" in table
+    if script == "alignment":  # the exact mode's trainer computes the engine's log-prob bits
+        assert result["results"]["float32-exact"]["mismatch_max"] == 0.0
+        assert result["results"]["float32-exact"]["mismatch_mean"] == 0.0
 
 
 @pytest.mark.slow
