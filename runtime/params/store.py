@@ -335,6 +335,10 @@ class ParamStore:
                 self._delete_prefix(data)
                 removed.append(data)
             self._write_key(marker, None)
+        directory = self._location.directory
+        if directory is not None:  # a marker's or a manifest's write killed midway leaves its temporary
+            for keys in (layout.PENDING, layout.MANIFESTS):
+                _remove_lock_files(os.path.join(directory, keys))
         return tuple(sorted(removed))
 
     def leaf_spec(self, version: int, path: str, *, tree: str = "params") -> dict[str, Any]:
@@ -530,6 +534,19 @@ def _remove_tree(top: str) -> None:
         for depth in sorted(by_depth, reverse=True):
             list(pool.map(_remove_empty_dir, by_depth[depth]))
     _remove_empty_dir(os.path.dirname(top))
+
+
+def _remove_lock_files(directory: str) -> None:
+    """Remove the file driver's ``*.__lock`` temporaries directly in ``directory``: a write killed
+    between creating one and renaming it over its key leaves it, and listing does not show it."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.endswith(".__lock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
 
 
 def _remove_empty_dir(path: str) -> None:
