@@ -126,6 +126,23 @@ def _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP) -> tupl
     return B, H, D, K, S, page_indices_BP.shape[1], H // K
 
 
+def _live_pages(lengths_B: jax.Array, S: int, P: int) -> jax.Array:
+    """Pages that hold a token of the longest sequence: how far a page loop must go."""
+    return jnp.minimum((jnp.max(lengths_B) + S - 1) // S, P)
+
+
+def _page(k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP, p):
+    """Logical page ``p`` of every sequence: keys and values ``[B, K, S, D]`` and which of its
+    slots hold a cached token ``[B, S]``. Values are zero in the other slots: unwritten slots may
+    hold anything (NaN included), and no query sees them."""
+    S = k_pages_KNSD.shape[2]
+    pages_B = page_indices_BP[:, p]
+    k_BKSD = jnp.moveaxis(k_pages_KNSD[:, pages_B], 0, 1)
+    v_BKSD = jnp.moveaxis(v_pages_KNSD[:, pages_B], 0, 1)
+    valid_BS = p * S + jnp.arange(S)[None, :] < lengths_B[:, None]
+    return k_BKSD, jnp.where(valid_BS[:, None, :, None], v_BKSD, jnp.zeros((), v_BKSD.dtype)), valid_BS
+
+
 def paged_attention_reference(
     q_BHD: jax.Array,
     k_pages_KNSD: jax.Array,
@@ -175,14 +192,10 @@ def paged_attention_live(
     B, H, D, K, S, P, G = _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
     q_BKGD = q_BHD.reshape(B, K, G, D)
     lengths_B = lengths_B.astype(jnp.int32)
-    live_pages = jnp.minimum((jnp.max(lengths_B) + S - 1) // S, P)
 
     def page(p, state):
         max_BKG1, denom_BKG1, acc_BKGD = state
-        pages_B = page_indices_BP[:, p]
-        k_BKSD = jnp.moveaxis(k_pages_KNSD[:, pages_B], 0, 1)
-        v_BKSD = jnp.moveaxis(v_pages_KNSD[:, pages_B], 0, 1)
-        valid_BS = p * S + jnp.arange(S)[None, :] < lengths_B[:, None]
+        k_BKSD, v_BKSD, valid_BS = _page(k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP, p)
         valid_BKGS = valid_BS[:, None, None, :]
         scores_BKGS = jnp.einsum(
             "bkgd,bksd->bkgs", q_BKGD, k_BKSD, preferred_element_type=jnp.float32
@@ -195,7 +208,6 @@ def paged_attention_live(
         new_max_BKG1 = jnp.where(live_B1111, new_max_BKG1, 0.0)
         rescale_BKG1 = jnp.exp(max_BKG1 - new_max_BKG1)
         weights_BKGS = jnp.where(valid_BKGS, jnp.exp(scores_BKGS - new_max_BKG1), 0.0)
-        v_BKSD = jnp.where(valid_BS[:, None, :, None], v_BKSD, jnp.zeros((), v_BKSD.dtype))
         denom = rescale_BKG1 * denom_BKG1 + jnp.sum(weights_BKGS, axis=-1, keepdims=True)
         acc = rescale_BKG1 * acc_BKGD + jnp.einsum(
             "bkgs,bksd->bkgd", weights_BKGS, v_BKSD.astype(jnp.float32),
@@ -212,7 +224,7 @@ def paged_attention_live(
         jnp.zeros((B, K, G, 1), jnp.float32),
         jnp.zeros((B, K, G, D), jnp.float32),
     )
-    _, denom_BKG1, acc_BKGD = jax.lax.fori_loop(0, live_pages, page, state)
+    _, denom_BKG1, acc_BKGD = jax.lax.fori_loop(0, _live_pages(lengths_B, S, P), page, state)
     out_BKGD = acc_BKGD / jnp.where(denom_BKG1 > 0, denom_BKG1, 1.0)
     return out_BKGD.reshape(B, H, D).astype(q_BHD.dtype)
 
@@ -232,18 +244,12 @@ def paged_attention_ordered(
     B, H, D, K, S, P, G = _dims(q_BHD, k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP)
     q_BKGD = q_BHD.reshape(B, K, G, D)
     lengths_B = lengths_B.astype(jnp.int32)
-    live_pages = jnp.minimum((jnp.max(lengths_B) + S - 1) // S, P)
 
     def page(p, state):
-        pages_B = page_indices_BP[:, p]
-        k_BKSD = jnp.moveaxis(k_pages_KNSD[:, pages_B], 0, 1)
-        v_BKSD = jnp.moveaxis(v_pages_KNSD[:, pages_B], 0, 1)
-        valid_BS = p * S + jnp.arange(S)[None, :] < lengths_B[:, None]
-        # Unwritten slots may hold anything (NaN included); no query sees them.
-        v_BKSD = jnp.where(valid_BS[:, None, :, None], v_BKSD, jnp.zeros((), v_BKSD.dtype))
+        k_BKSD, v_BKSD, valid_BS = _page(k_pages_KNSD, v_pages_KNSD, lengths_B, page_indices_BP, p)
         return block_step(state, q_BKGD, k_BKSD, v_BKSD, valid_BS[:, None, None, :], scale=scale)
 
-    state = jax.lax.fori_loop(0, live_pages, page, initial_state((B, K, G), D))
+    state = jax.lax.fori_loop(0, _live_pages(lengths_B, S, P), page, initial_state((B, K, G), D))
     return finish(state).reshape(B, H, D).astype(q_BHD.dtype)
 
 
