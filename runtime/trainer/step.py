@@ -238,26 +238,34 @@ def _window_logprobs(params, tokens_BT, attention_BT, mask_BS, config: StepConfi
     the step's logits are at prompt positions, whose log-probs no objective reads. Positions of a
     window past the row's end (a row whose completion starts late) are computed, then dropped.
     """
-    B, T = tokens_BT.shape
-    S, C = T - 1, min(config.completion_window, T - 1)
+    S = tokens_BT.shape[1] - 1
+    C = min(config.completion_window, S)
     if config.prefix > 0:
         h_BTD = shared_prefix_forward(params, tokens_BT, attention_BT, config=config.model,
                                       group_size=config.group_size, prefix=config.prefix, head=False)
     else:
         h_BTD = hidden_states(params, tokens_BT, attention_BT, config=config.model)
-    at_BC = jnp.argmax(mask_BS, axis=1)[:, None] + jnp.arange(C)[None, :]
-    inside_BC = at_BC < S
-    at_BC = jnp.minimum(at_BC, S - 1)
+    at_BC, inside_BC = _window(mask_BS, C)
     h_BCD = jnp.take_along_axis(h_BTD[:, :-1], at_BC[..., None], axis=1)
     targets_BC = jnp.take_along_axis(tokens_BT[:, 1:], at_BC, axis=1)
     logits_BCV = head_logits(params, h_BCD, config=config.model)
     logp_BC, entropy_BC = token_logprobs_and_entropy(logits_BCV, targets_BC, config.temperature)
-    rows_B1 = jnp.arange(B)[:, None]
+    return _spread(logp_BC, at_BC, inside_BC, S), _spread(entropy_BC, at_BC, inside_BC, S)
 
-    def spread(x_BC):  # added, not set: a clamped duplicate adds a zero, and its gradient is zero
-        return jnp.zeros((B, S), x_BC.dtype).at[rows_B1, at_BC].add(jnp.where(inside_BC, x_BC, 0.0))
 
-    return spread(logp_BC), spread(entropy_BC)
+def _window(mask_BS, C: int):
+    """Each row's completion window: the ``C`` target positions ``[B, C]`` from its first
+    completion target (clamped to the row), and which of them lie inside the row."""
+    S = mask_BS.shape[1]
+    at_BC = jnp.argmax(mask_BS, axis=1)[:, None] + jnp.arange(C)[None, :]
+    return jnp.minimum(at_BC, S - 1), at_BC < S
+
+
+def _spread(x_BC, at_BC, inside_BC, S: int):
+    """Per-window values ``[B, C]`` at their positions of ``[B, S]`` rows, 0 elsewhere; added, not
+    set: a clamped duplicate adds a zero, and its gradient is zero."""
+    B = x_BC.shape[0]
+    return jnp.zeros((B, S), x_BC.dtype).at[jnp.arange(B)[:, None], at_BC].add(jnp.where(inside_BC, x_BC, 0.0))
 
 
 def _exact_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
@@ -272,9 +280,7 @@ def _exact_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS
                          group_size=config.group_size if config.prefix > 0 else 1, prefix=config.prefix)
     if config.completion_window > 0 and mask_BS is not None:
         C = min(config.completion_window, S)
-        at_BC = jnp.argmax(mask_BS, axis=1)[:, None] + jnp.arange(C)[None, :]
-        inside_BC = at_BC < S
-        at_BC = jnp.minimum(at_BC, S - 1)
+        at_BC, inside_BC = _window(mask_BS, C)
     else:
         C, at_BC, inside_BC = S, jnp.broadcast_to(jnp.arange(S)[None, :], (B, S)), None
     h_XD = jnp.take_along_axis(h_BTD[:, :-1], at_BC[..., None], axis=1).reshape(B * C, -1)
@@ -286,12 +292,7 @@ def _exact_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS
     logp_BC, entropy_BC = logp_X.reshape(B, C), entropy_X.reshape(B, C)
     if inside_BC is None:
         return logp_BC, entropy_BC
-    rows_B1 = jnp.arange(B)[:, None]
-
-    def spread(x_BC):  # added, not set: a clamped duplicate adds a zero, and its gradient is zero
-        return jnp.zeros((B, S), x_BC.dtype).at[rows_B1, at_BC].add(jnp.where(inside_BC, x_BC, 0.0))
-
-    return spread(logp_BC), spread(entropy_BC)
+    return _spread(logp_BC, at_BC, inside_BC, S), _spread(entropy_BC, at_BC, inside_BC, S)
 
 
 def _token_logprobs(params, tokens_BT, attention_BT, config: StepConfig, mask_BS=None):
