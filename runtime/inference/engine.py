@@ -31,10 +31,11 @@ by the same recompute (prefill the prompt, feed the rest), and a request given t
 saves work and changes nothing. Pages are kept as long as the pool allows, that is, unless the
 request is preempted.
 
-Requests admitted together with the same prompt (a group of samples of one prompt) are prefilled
-once, and its full pages are held once: the others reference the first one's full prompt pages
-(``PagePool.share``) and get a copy of only its last, partially filled prompt page, the first page
-they write their own tokens into, and of its next-token logits (``steps.copy_prompts``). Those are
+Requests with the same prompt (a group of samples of one prompt) are prefilled once, and its full
+pages are held once: a request admitted while one of its group that was prefilled is running
+(admitted with it or before it) references that one's full prompt pages (``PagePool.share``) and
+gets a copy of only its last, partially filled prompt page, the first page it writes its own
+tokens into, and of its next-token logits as the prefill left them (``steps.copy_prompts``). Those are
 the bits their own prefill would have written, at the cost of one page copy instead of a forward
 pass over the prompt, and of one partial page instead of the prompt's pages per sample. Attention
 reads a shared page as it reads any other, so a request's bits do not depend on whom it shares
@@ -130,8 +131,8 @@ class Engine:
         records.
       decode_steps: most decode steps per device call (see the module docstring). More save host
         round trips; fewer waste less of a slot whose request stops early on a stop token.
-      share_prompts: requests admitted together with the same prompt are prefilled once (the
-        others share its pages); False prefills each into pages of its own (the same bits, for
+      share_prompts: requests with the same prompt are prefilled once while the prefilled one runs
+        (the others share its pages); False prefills each into pages of its own (the same bits, for
         measuring what sharing saves).
     """
 
@@ -261,12 +262,12 @@ class Engine:
         fill = functools.partial(prefill_into_slots, config=c, exact_block=exact_block)
         if whole is None:
             step = jax.jit(decode, donate_argnums=(1, 2))
-            prefill = jax.jit(fill, donate_argnums=(5, 6))
+            prefill = jax.jit(fill, donate_argnums=(5, 6, 7))
             copy = jax.jit(copy_prompts, donate_argnums=(0, 1))
         else:  # the outputs keep the inputs' layouts: each call's results are the next one's inputs
             kept = jax.tree.map(lambda x: x.sharding, cache)
             step = jax.jit(decode, donate_argnums=(1, 2), out_shardings=(kept, whole, whole, whole))
-            prefill = jax.jit(fill, donate_argnums=(5, 6), out_shardings=(kept, whole))
+            prefill = jax.jit(fill, donate_argnums=(5, 6, 7), out_shardings=(kept, whole, whole))
             copy = jax.jit(copy_prompts, donate_argnums=(0, 1), out_shardings=(kept, whole))
         self._step = step.lower(
             self._params_shape, cache, logits, i32(S, P), i32(S), i32(S), i32(S, N),
@@ -275,18 +276,20 @@ class Engine:
         ).compile()
         self._prefill = {
             T: prefill.lower(
-                self._params_shape, i32(R, T), i32(R), i32(R, P), i32(R), cache, logits
+                self._params_shape, i32(R, T), i32(R), i32(R, P), i32(R), cache, logits, logits
             ).compile()
             for T, R in self.prefill_rows.items()
         }
-        self._copy = copy.lower(cache, logits, i32(S, P), i32(S, P), i32(S), i32(S)).compile()
+        self._copy = copy.lower(cache, logits, logits, i32(S, P), i32(S, P), i32(S), i32(S)).compile()
 
     def _reset_buffers(self) -> None:
         self._cache = init_cache(self.config, num_pages=self.num_pages, page_size=self.page_size)
         self._logits = jnp.zeros((self.max_slots, self.config.vocab_size), jnp.float32)
+        self._firsts = jnp.zeros((self.max_slots, self.config.vocab_size), jnp.float32)  # the prompt logits
         if self.mesh is not None:
             self._cache = jax.device_put(self._cache, self._cache_sharding())
             self._logits = jax.device_put(self._logits, self._sharding())
+            self._firsts = jax.device_put(self._firsts, self._sharding())
 
     def update_params(self, params: dict) -> None:
         """Generate with other weights of the same shapes and dtypes (no recompilation)."""
@@ -500,17 +503,16 @@ class Engine:
 
     def _prefill_requests(self, state, decisions, prompts) -> None:
         """Prefill the admitted requests, grouped by bucket, ``prefill_rows[bucket]`` per call; a
-        request that shares an earlier one's prompt pages gets a copy of that one's partially
-        filled prompt page (if the prompt has one) and next-token logits."""
+        request that shares a running one's prompt pages gets a copy of that one's partially
+        filled prompt page (if the prompt has one) and prompt logits."""
         P, S = self.pages_per_seq, self.max_slots
         by_bucket: dict[int, list[tuple[int, int]]] = {}
         sources = dict(decisions.shared)
-        slot_of = dict(decisions.admitted)
         copies: list[tuple[int, int, int, int]] = []  # (request, slot, source request, source slot)
         for request, slot in decisions.admitted:
             prompt = prompts[request]
             if request in sources:
-                copies.append((request, slot, sources[request], slot_of[sources[request]]))
+                copies.append((request, slot, sources[request], state.slot_of(sources[request])))
                 continue
             bucket = next(b for b in self.buckets if b >= prompt.size)
             by_bucket.setdefault(bucket, []).append((request, slot))
@@ -525,8 +527,8 @@ class Engine:
                     prompt = prompts[request]
                     tokens[i, : prompt.size], lengths[i] = prompt, prompt.size
                     rows[i], slots[i] = state.pool.table_row(request, P), slot
-                self._cache, self._logits = self._prefill[bucket](
-                    self._params, tokens, lengths, rows, slots, self._cache, self._logits
+                self._cache, self._logits, self._firsts = self._prefill[bucket](
+                    self._params, tokens, lengths, rows, slots, self._cache, self._logits, self._firsts
                 )
         for lo in range(0, len(copies), S):
             from_pages = np.zeros((S, P), np.int32)  # the null page onto itself where unused
@@ -541,7 +543,7 @@ class Engine:
                     to_pages[i, 0] = state.pool.owned(request)[last]
                 from_slots[i], to_slots[i] = source_slot, slot
             self._cache, self._logits = self._copy(
-                self._cache, self._logits, from_pages, to_pages, from_slots, to_slots
+                self._cache, self._logits, self._firsts, from_pages, to_pages, from_slots, to_slots
             )
 
     def _step_inputs(self, state, takes, lengths, history, starts, temps, key_data, params):

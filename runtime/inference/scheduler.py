@@ -14,10 +14,12 @@ runs several decode steps per device call ``reserve``s their pages after ``plan`
 2. *Admit.* Unless a preemption happened in this plan (readmitting at once would thrash), queued
    requests, oldest first, take the free slots (lowest slot first) while the pool holds their
    prompt plus the first generated token. Static batching admits only into an empty batch.
-   A request admitted after another one of its group (the same prompt) in the same plan shares
-   that one's full prompt pages (``PagePool.share``) and needs pages only for the rest: the
-   last, partially filled prompt page, which the engine copies (copy on write at the first page
-   the two write differently), and the pages after it.
+   A request of a group (the same prompt) admitted while the group's *holder* runs, the last
+   request of the group that was admitted without sharing (so prefilled), shares the holder's
+   full prompt pages (``PagePool.share``) and needs pages only for the rest: the last, partially
+   filled prompt page, which the engine copies (copy on write at the first page the two write
+   differently), and the pages after it. A request admitted when the holder has finished or
+   was preempted is prefilled and becomes the holder.
 
 Pages are counted once however many requests share them: ``fits``, ``reserve`` and a preemption
 (which frees only the pages no other request holds) all read the one pool. A readmitted request
@@ -54,12 +56,15 @@ class Schedule:
       waiting: queued request ids, ascending (oldest first).
       cached: running request id -> tokens in its KV cache (the position its next token takes).
       pool: the page allocator; a running request's pages are ``pool.owned(request)``.
+      holders: group -> the request of the group last admitted without sharing (its holder while
+        it runs; stale once it is not running).
     """
 
     slots: tuple[int | None, ...]
     waiting: tuple[int, ...]
     cached: Mapping[int, int]
     pool: PagePool
+    holders: Mapping[int, int] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
     @classmethod
     def start(cls, num_requests: int, *, max_slots: int, pool: PagePool) -> Schedule:
@@ -86,11 +91,12 @@ def _preempt(state: Schedule, request: int) -> Schedule:
     cached = dict(state.cached)
     del cached[request]
     slots = tuple(None if r == request else r for r in state.slots)
-    return Schedule(
-        slots,
-        tuple(sorted(state.waiting + (request,))),
-        types.MappingProxyType(cached),
-        state.pool.release(request),
+    return dataclasses.replace(
+        state,
+        slots=slots,
+        waiting=tuple(sorted(state.waiting + (request,))),
+        cached=types.MappingProxyType(cached),
+        pool=state.pool.release(request),
     )
 
 
@@ -132,12 +138,13 @@ def plan(
     if not preempted and not (static and state.running):
         slots, waiting = list(state.slots), list(state.waiting)
         cached, pool = dict(state.cached), state.pool
-        first: dict[int, int] = {}  # group -> its first request admitted by this plan
+        # group -> its running holder (admitted before or by this plan)
+        holders = {g: r for g, r in state.holders.items() if r in cached}
         for slot in range(len(slots)):
             if slots[slot] is not None or not waiting:
                 continue
             request, length = waiting[0], prompt_lengths[waiting[0]]
-            source = first.get(groups[request]) if groups is not None else None
+            source = holders.get(groups[request]) if groups is not None else None
             full = length // pool.page_size if source is not None else 0
             with_prompt = pool.share(request, source, full) if full and source is not None else pool
             if not with_prompt.fits(request, length + 1):
@@ -149,8 +156,10 @@ def plan(
             if source is not None:
                 shared.append((request, source))
             elif groups is not None:
-                first[groups[request]] = request
-        state = Schedule(tuple(slots), tuple(waiting), types.MappingProxyType(cached), pool)
+                holders[groups[request]] = request
+        state = Schedule(
+            tuple(slots), tuple(waiting), types.MappingProxyType(cached), pool, types.MappingProxyType(holders)
+        )
     if state.waiting and not state.running:
         raise AssertionError(f"request {state.waiting[0]} cannot fit an empty pool")
     return state, Decisions(tuple(preempted), tuple(admitted), tuple(shared))
@@ -194,4 +203,4 @@ def advance(
         del cached[request]
         pool = pool.release(request)
         slots = tuple(None if r == request else r for r in slots)
-    return Schedule(slots, state.waiting, types.MappingProxyType(cached), pool)
+    return dataclasses.replace(state, slots=slots, cached=types.MappingProxyType(cached), pool=pool)

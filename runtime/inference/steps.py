@@ -5,8 +5,11 @@ of time for fixed shapes:
 
 - ``prefill_into_slots``: ``[R, bucket]`` prompt tokens (``R`` fixed per bucket, unused rows
   empty) -> KV cache pages of the prompts, and the logits of each one's first
-  generated token written into its slot's row of the slot logits ``[S, V]``. One program per
+  generated token written into its slot's row of the slot logits ``[S, V]`` and of the prompt
+  logits ``[S, V]`` (which keep them while decoding moves the slot's row on). One program per
   bucket; slot indices are traced, so every slot shares it.
+- ``copy_prompts``: a prompt's partially filled last page and first-token logits, given to a
+  request of the same prompt instead of its own prefill.
 - ``decode_step``: for all ``S`` slots at once, draw a token from each slot's logits (or take the
   forced token of a slot that replays tokens it generated before a preemption), then run the
   decoder on those tokens, writing their keys/values and producing the next logits.
@@ -40,13 +43,15 @@ def prefill_into_slots(
     slots_R: jax.Array,
     cache: KVCache,
     logits_SV: jax.Array,
+    firsts_SV: jax.Array,
     *,
     config: ModelConfig,
     exact_block: int = 0,
-) -> tuple[KVCache, jax.Array]:
-    """Prefill ``R`` prompts and put each one's next-token logits in its slot's row.
+) -> tuple[KVCache, jax.Array, jax.Array]:
+    """Prefill ``R`` prompts and put each one's next-token logits in its slot's row, of the slot
+    logits and of the prompt logits ``firsts_SV``.
 
-    DONATES cache, logits_SV.
+    DONATES cache, logits_SV, firsts_SV.
 
     Args:
       tokens_RT: prompts right-padded to the bucket length ``T``.
@@ -56,30 +61,37 @@ def prefill_into_slots(
       exact_block: > 0, the exact mode with pages of this many tokens (``model.prefill``).
 
     Returns:
-      ``(cache, logits_SV)`` with the prompts' keys/values written and their slots' rows replaced.
+      ``(cache, logits_SV, firsts_SV)`` with the prompts' keys/values written and their slots'
+      rows replaced.
     """
     logits_RV, cache = prefill(params, tokens_RT, lengths_R, cache, page_rows_RP, config=config,
                                exact_block=exact_block)
-    return cache, logits_SV.at[slots_R].set(logits_RV, mode="drop")
+    def put(rows_SV):
+        return rows_SV.at[slots_R].set(logits_RV, mode="drop")
+
+    return cache, put(logits_SV), put(firsts_SV)
 
 
 def copy_prompts(
     cache: KVCache,
     logits_SV: jax.Array,
+    firsts_SV: jax.Array,
     from_pages_RP: jax.Array,
     to_pages_RP: jax.Array,
     from_slots_R: jax.Array,
     to_slots_R: jax.Array,
 ) -> tuple[KVCache, jax.Array]:
-    """Give ``R`` admitted requests the prefill of an identical prompt another one just had.
+    """Give ``R`` admitted requests the prefill of an identical prompt a running one had.
 
     DONATES cache, logits_SV.
 
     Row ``r`` copies the pages ``from_pages_RP[r]`` (a prefilled request's last, partially filled
     prompt page; the full ones are shared, not copied) onto ``to_pages_RP[r]`` (the new request's,
-    as many) and slot ``from_slots_R[r]``'s
-    next-token logits onto slot ``to_slots_R[r]``. Unused entries copy the null page onto itself
-    and name slot ``S`` (out of range), which writes nothing. The copies are the bits the new
+    as many) and the prompt logits of slot ``from_slots_R[r]`` (``firsts_SV``, the prefilled
+    request's slot) onto slot ``to_slots_R[r]`` of ``logits_SV``. The prefilled request may have
+    decoded since: its tokens past the prompt sit in slots of the copied page that the new request
+    never reads and overwrites with its own. Unused entries copy the null page onto itself and
+    name slot ``S`` (out of range), which writes nothing. The copies are the bits the new
     request's own prefill would have written: the same prompt through the same compiled prefill.
     """
     src, dst = from_pages_RP.reshape(-1), to_pages_RP.reshape(-1)
@@ -88,7 +100,7 @@ def copy_prompts(
         return pages.at[:, dst].set(pages[:, src])
 
     cache = KVCache(tuple(map(copy, cache.k_pages)), tuple(map(copy, cache.v_pages)))
-    rows_RV = logits_SV.at[from_slots_R].get(mode="fill", fill_value=0.0)
+    rows_RV = firsts_SV.at[from_slots_R].get(mode="fill", fill_value=0.0)
     return cache, logits_SV.at[to_slots_R].set(rows_RV, mode="drop")
 
 

@@ -99,3 +99,21 @@ def test_a_group_holds_its_prompt_once_and_gets_the_bits_of_samples_holding_thei
     assert copying.last_stats.preemptions > 0
     for a, b in zip(got, expected, strict=True):
         assert a.tokens.tobytes() == b.tokens.tobytes() and a.logprobs.tobytes() == b.logprobs.tobytes()
+
+
+def test_samples_admitted_after_their_first_share_its_prompt_while_it_runs(model):
+    """Six samples of one prompt through two slots: the first runs longest, so each later one is
+    admitted in a later plan, takes its pages and prompt logits (the slot's own logits row has
+    moved on by then), and still gets its bits alone."""
+    prompt = list(range(3, 17))
+    params = [SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True) for n in (12, 1, 2, 1, 3, 2)]
+    seeds = list(range(6))
+    shared = Engine(model, **{**ENGINE, "max_slots": 2, "num_pages": 41})
+    alone = Engine(model, **{**ENGINE, "max_slots": 2, "num_pages": 41}, share_prompts=False)
+    out = shared.generate([prompt] * 6, params, seeds)
+    want = alone.generate([prompt] * 6, params, seeds)
+    assert shared.last_stats.prefills == 1 and shared.last_stats.prefill_copies == 5
+    assert alone.last_stats.prefills == 6
+    for i, (a, b) in enumerate(zip(out, want, strict=True)):
+        np.testing.assert_array_equal(a.tokens, b.tokens, err_msg=f"sample {i}")
+        assert a.logprobs.tobytes() == b.logprobs.tobytes(), f"sample {i}: log-prob bits differ"

@@ -160,14 +160,18 @@ def test_shared_pages_are_counted_once_and_all_come_back(groups, max_tokens, slo
     state = _start(len(lengths), slots=slots, pages=pages, page_size=page_size)
     generated = [0] * len(lengths)
     preemptions = 0
+    holders_seen: set[int] = set()  # requests admitted without sharing (prefilled)
     for _ in range(10_000):
         if state.done:
             break
         state, decisions = plan(state, lengths, static=static, groups=group_ids)
         preemptions += len(decisions.preempted)
-        admitted = dict(decisions.admitted)
+        shared = dict(decisions.shared)
+        holders_seen.update(r for r, _ in decisions.admitted if r not in shared)
         for request, source in decisions.shared:
-            assert source in admitted and source < request and group_ids[source] == group_ids[request]
+            # the group's holder: running (admitted now or before), prefilled, not sharing itself
+            assert source in state.running and source not in shared and group_ids[source] == group_ids[request]
+            assert source in holders_seen
             full = lengths[request] // page_size
             assert state.pool.owned(request)[:full] == state.pool.owned(source)[:full]
             # Its own pages start at the partial prompt page, the first it writes differently.
@@ -187,3 +191,19 @@ def test_shared_pages_are_counted_once_and_all_come_back(groups, max_tokens, slo
         state = advance(state, done)
     assert state.done and state.pool.num_used == 0 and not state.pool.refs and not state.pool.tables
     assert generated == wants
+
+
+def test_a_request_admitted_later_shares_with_its_groups_running_holder_and_prefills_once_it_is_gone():
+    lengths = [10, 10, 10, 10]  # one prompt, four samples, two slots: they cannot all start together
+    state, decisions = plan(_start(4, slots=2, pages=20), lengths, groups=[0, 0, 0, 0])
+    assert decisions.admitted == ((0, 0), (1, 1)) and decisions.shared == ((1, 0),)
+    state = advance(state, finished=[1])
+    state, decisions = plan(state, lengths, groups=[0, 0, 0, 0])
+    # Request 0 (prefilled) still runs: request 2 takes its full prompt pages, a plan later.
+    assert decisions.admitted == ((2, 1),) and decisions.shared == ((2, 0),)
+    assert state.pool.owned(2)[:2] == state.pool.owned(0)[:2] and state.holders[0] == 0
+    state = advance(state, finished=[0])
+    state, decisions = plan(state, lengths, groups=[0, 0, 0, 0])
+    # The holder has finished: request 3 is prefilled and holds the prompt from now on.
+    assert decisions.admitted == ((3, 0),) and decisions.shared == () and state.holders[0] == 3
+    assert not set(state.pool.owned(3)) & set(state.pool.owned(2))
