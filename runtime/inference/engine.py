@@ -280,7 +280,7 @@ class Engine:
             ).compile()
             for T, R in self.prefill_rows.items()
         }
-        self._copy = copy.lower(cache, logits, logits, i32(S, P), i32(S, P), i32(S), i32(S)).compile()
+        self._copy = copy.lower(cache, logits, logits, i32(S), i32(S), i32(S), i32(S)).compile()
 
     def _reset_buffers(self) -> None:
         self._cache = init_cache(self.config, num_pages=self.num_pages, page_size=self.page_size)
@@ -531,16 +531,16 @@ class Engine:
                     self._params, tokens, lengths, rows, slots, self._cache, self._logits, self._firsts
                 )
         for lo in range(0, len(copies), S):
-            from_pages = np.zeros((S, P), np.int32)  # the null page onto itself where unused
-            to_pages = np.zeros((S, P), np.int32)
+            from_pages = np.zeros(S, np.int32)  # the null page onto itself where unused
+            to_pages = np.zeros(S, np.int32)
             from_slots = np.full(S, S, np.int32)
             to_slots = np.full(S, S, np.int32)
             for i, (request, slot, source, source_slot) in enumerate(copies[lo : lo + S]):
                 size = prompts[request].size
                 if size % self.page_size:  # the partial page: the first one the two write apart
                     last = size // self.page_size
-                    from_pages[i, 0] = state.pool.owned(source)[last]
-                    to_pages[i, 0] = state.pool.owned(request)[last]
+                    from_pages[i] = state.pool.owned(source)[last]
+                    to_pages[i] = state.pool.owned(request)[last]
                 from_slots[i], to_slots[i] = source_slot, slot
             self._cache, self._logits = self._copy(
                 self._cache, self._logits, self._firsts, from_pages, to_pages, from_slots, to_slots

@@ -76,8 +76,8 @@ def copy_prompts(
     cache: KVCache,
     logits_SV: jax.Array,
     firsts_SV: jax.Array,
-    from_pages_RP: jax.Array,
-    to_pages_RP: jax.Array,
+    from_pages_R: jax.Array,
+    to_pages_R: jax.Array,
     from_slots_R: jax.Array,
     to_slots_R: jax.Array,
 ) -> tuple[KVCache, jax.Array]:
@@ -85,19 +85,16 @@ def copy_prompts(
 
     DONATES cache, logits_SV.
 
-    Row ``r`` copies the pages ``from_pages_RP[r]`` (a prefilled request's last, partially filled
-    prompt page; the full ones are shared, not copied) onto ``to_pages_RP[r]`` (the new request's,
-    as many) and the prompt logits of slot ``from_slots_R[r]`` (``firsts_SV``, the prefilled
+    Row ``r`` copies page ``from_pages_R[r]`` (a prefilled request's last, partially filled prompt
+    page; the full ones are shared, not copied) onto page ``to_pages_R[r]`` (the new request's) and the prompt logits of slot ``from_slots_R[r]`` (``firsts_SV``, the prefilled
     request's slot) onto slot ``to_slots_R[r]`` of ``logits_SV``. The prefilled request may have
     decoded since: its tokens past the prompt sit in slots of the copied page that the new request
     never reads and overwrites with its own. Unused entries copy the null page onto itself and
     name slot ``S`` (out of range), which writes nothing. The copies are the bits the new
     request's own prefill would have written: the same prompt through the same compiled prefill.
     """
-    src, dst = from_pages_RP.reshape(-1), to_pages_RP.reshape(-1)
-
     def copy(pages):  # [K, N, page, D]
-        return pages.at[:, dst].set(pages[:, src])
+        return pages.at[:, to_pages_R].set(pages[:, from_pages_R])
 
     cache = KVCache(tuple(map(copy, cache.k_pages)), tuple(map(copy, cache.v_pages)))
     rows_RV = firsts_SV.at[from_slots_R].get(mode="fill", fill_value=0.0)
