@@ -585,6 +585,9 @@ class TrainerConfig(Section):
         self._at_least("logits_chunk", 0)
 
 
+ADMISSIONS = ("prompt_length", "arrival")  # runtime.inference.engine.ADMISSIONS
+
+
 @dataclasses.dataclass(frozen=True)
 class InferenceConfig(Section):
     """The inference engine's layout: ``mesh = {model=N}`` splits its weights (attention heads,
@@ -594,16 +597,24 @@ class InferenceConfig(Section):
     ``kv_pages``: the pages of each engine's KV cache pool (0: the worst case, every decode slot's
     longest sequence). A smaller pool holds the tokens actually live; when it runs out the
     youngest sequence is preempted and recomputed later, with the same tokens whatever the
-    preemption pattern (``runtime.inference.scheduler``). It must hold one longest sequence."""
+    preemption pattern (``runtime.inference.scheduler``). It must hold one longest sequence.
+    ``admission``: the order an engine's queued requests take free slots: ``"prompt_length"``
+    (unset; shortest prompt first, a prompt's samples together: sequences decoded together have similar
+    lengths, and a decode step's attention runs to the longest of them) or ``"arrival"``; no
+    completion depends on it."""
 
     NAME = "inference"
     mesh: dict = dataclasses.field(default_factory=dict)
     """Split the engine over devices of each inference worker: {model = N}; empty: one device."""
     kv_pages: int = 0
     """Pages of each engine's KV pool (0: the worst case, every slot's longest sequence)."""
+    admission: str | None = None
+    """Order queued requests take free slots: prompt_length (shortest first; unset) or arrival."""
 
     def check(self) -> None:
         self._at_least("kv_pages", 0)
+        if self.admission is not None and self.admission not in ADMISSIONS:
+            raise _fail("inference.admission", self.admission, f"accepted: {', '.join(ADMISSIONS)}")
         try:
             shape = MeshShape.of(self.mesh)
         except (TypeError, ValueError) as e:

@@ -130,6 +130,8 @@ class EngineShape:
       model_devices: devices the engine's ``model`` axis splits it over (1: one device).
       pages: the KV pool's pages besides the null page (0: ``slots × pages_per_seq``, the worst
         case); the pool's size never changes a completion's bits.
+      admission: the order queued requests take free slots (``Engine``'s ``admission``), which
+        never changes a completion's bits either.
     """
 
     slots: int
@@ -139,6 +141,7 @@ class EngineShape:
     attention: str = "reference"
     model_devices: int = 1
     pages: int = 0
+    admission: str = "arrival"
 
     @classmethod
     def for_run(cls, config: Config, width: int) -> EngineShape:
@@ -160,7 +163,8 @@ class EngineShape:
                              f"({width} tokens: {pages_per_seq} pages of {page_size}), so at least {pages_per_seq}")
         return cls(min(w.inference_batch, w.inference_slots), page_size, pages_per_seq,
                    (longest_prompt,),
-                   attention, MeshShape.of(config.inference.mesh).model, pages)
+                   attention, MeshShape.of(config.inference.mesh).model, pages,
+                   config.inference.admission or "prompt_length")
 
     @classmethod
     def recorded(cls, shape: Mapping[str, Any]) -> EngineShape:
@@ -186,7 +190,7 @@ class EngineShape:
         return Engine(model, mesh=mesh, max_slots=self.slots, page_size=self.page_size,
                       num_pages=(self.pages or self.slots * self.pages_per_seq) + 1,
                       max_seq_len=self.pages_per_seq * self.page_size, prefill_buckets=self.buckets,
-                      attention_impl=self.attention)
+                      attention_impl=self.attention, admission=self.admission)
 
 
 @dataclasses.dataclass

@@ -10,22 +10,24 @@ Every request is greedy with ``max_tokens`` its drawn length and no stop token, 
 exactly that many tokens and the engines can be checked token for token. In one process, each
 compiled and run once untimed first:
 
-- ``engine``: the rlx engine (continuous batching, ``--slots`` decode slots, the ``live`` decode
-  attention that new runs use off TPU, a KV pool of the worst case, a group's prompt prefilled
-  once and its full pages shared by the others);
+- ``engine``: the rlx engine as new runs build it off TPU (continuous batching, ``--slots`` decode
+  slots, the ``live`` decode attention, shortest prompts admitted first, a group's prompt
+  prefilled once and its full pages shared by the samples admitted while the prefilled one runs),
+  with a KV pool of the worst case;
 - ``no_sharing``: the same with every request prefilled on its own; ``sharing_speedup`` is its
-  time over the engine's; ``peak_pages_shared`` and ``peak_pages_copied`` are the most KV pages
-  the two held at once;
+  time over the engine's, ``no_sharing_same_tokens`` whether every completion equals the engine's;
+  ``peak_pages_shared`` and ``peak_pages_copied`` are the most KV pages the two held at once;
 - ``small_pool``: a KV pool of half the worst case (sequences preempted and recomputed when it
   runs out); ``small_pool_same_tokens`` whether every completion equals the full pool's, and
   ``small_pool_speed_ratio`` its tokens/s over the full pool's;
 - ``hf``: Transformers' ``generate`` on the same weights (float32, greedy, left padding, batches of
-  ``--slots`` requests in order, every request of a batch run to the batch's longest and only the
+  ``--slots`` requests in the workload's order, every request of a batch run to the batch's longest and only the
   tokens each asked for counted; torch on every core);
   ``vs_hf`` is the engine's tokens/s over HF's, and ``hf_mismatched`` counts the requests whose HF
   tokens differ from the engine's (float32 sums in another order can turn a near-tie).
 
-Tokens/s counts generated tokens over the wall time of the whole generation, prefills included.
+Tokens/s counts generated tokens over the wall time of the whole generation, prefills included;
+``{name}_steps`` and ``{name}_calls`` are the decode steps and device calls each engine ran.
 The last line printed is a JSON object with every figure.
 """
 
@@ -90,7 +92,7 @@ def engine_run(model: Model, prompts, params, *, slots: int, pages: int, share: 
     decode calls of every length (requests of 1 to 24 tokens)."""
     max_len = PROMPT_TOKENS[1] + COMPLETION_MAX
     engine = Engine(model, max_slots=slots, page_size=PAGE_SIZE, num_pages=pages + 1, max_seq_len=max_len,
-                    prefill_buckets=BUCKETS, attention_impl="live", share_prompts=share)
+                    prefill_buckets=BUCKETS, attention_impl="live", share_prompts=share, admission="prompt_length")
     gen = np.random.default_rng(1)
     warm = [gen.integers(4, model.config.vocab_size, b).tolist() for b in BUCKETS]
     warm = [p for p in warm for _ in range(2)]  # each twice: the shared prefill's copy
@@ -127,11 +129,13 @@ def main() -> None:
         result[f"{name}_prefills"] = stats.prefills
         result[f"{name}_preemptions"] = stats.preemptions
         result[f"{name}_peak_pages"] = stats.peak_pages
+        result[f"{name}_steps"], result[f"{name}_calls"] = stats.steps, stats.decode_calls
         print(json.dumps({k: v for k, v in result.items() if k.startswith(name)}), flush=True)
     result["sharing_speedup"] = result["no_sharing_s"] / result["engine_s"]
     result["peak_pages_shared"], result["peak_pages_copied"] = result["engine_peak_pages"], result["no_sharing_peak_pages"]
-    result["small_pool_same_tokens"] = all(
-        np.array_equal(a.tokens, b.tokens) for a, b in zip(runs["engine"], runs["small_pool"], strict=True))
+    for name in ("small_pool", "no_sharing"):
+        result[f"{name}_same_tokens"] = all(
+            np.array_equal(a.tokens, b.tokens) for a, b in zip(runs["engine"], runs[name], strict=True))
     result["small_pool_speed_ratio"] = result["small_pool_tok_s"] / result["engine_tok_s"]
     if not args.no_hf:
         import bench_inference

@@ -44,6 +44,7 @@ pages with.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
@@ -61,6 +62,7 @@ from runtime.inference.steps import copy_prompts, decode_steps, prefill_into_slo
 from runtime.model import Model, init_cache
 
 BATCHING = ("continuous", "static")
+ADMISSIONS = ("arrival", "prompt_length")
 MIN_BUCKET = 16
 DEFAULT_PREFILL_TOKENS = 64
 DEFAULT_DECODE_STEPS = 8
@@ -134,6 +136,11 @@ class Engine:
       share_prompts: requests with the same prompt are prefilled once while the prefilled one runs
         (the others share its pages); False prefills each into pages of its own (the same bits, for
         measuring what sharing saves).
+      admission: the order in which queued requests take free slots: ``"arrival"``, the order
+        of ``generate``'s prompts; ``"prompt_length"``, shortest prompt (with its feeds) first, a
+        group's samples together, ties in arrival order (``admission_order``): the sequences
+        decoded together then have similar lengths, and a decode step's attention runs to the
+        longest of them. A pure function of the requests, and no completion depends on it.
     """
 
     def __init__(
@@ -150,6 +157,7 @@ class Engine:
         decode_steps: int = DEFAULT_DECODE_STEPS,
         mesh=None,
         share_prompts: bool = True,
+        admission: str = "arrival",
     ):
         self.config = model.config
         self.max_slots = _positive_int("max_slots", max_slots)
@@ -182,6 +190,9 @@ class Engine:
         self.decode_steps = _positive_int("decode_steps", decode_steps)
         self.mesh = mesh
         self.share_prompts = share_prompts
+        if admission not in ADMISSIONS:
+            raise UsageError(f"admission={admission!r} is not accepted; accepted: {', '.join(ADMISSIONS)}")
+        self.admission = admission
         self._given_shape = _shape_of(model.params)
         self._params = self._place(compute_params(model.params, self.config))
         self._params_shape = _shape_of(self._params, sharded=mesh is not None)
@@ -344,12 +355,29 @@ class Engine:
             page_size=self.page_size, num_pages=self._empty_pool.capacity, feeds=feeds,
         )
         try:
-            return self._run(prompts, params, key_data, feeds, then, static=batching == "static")
+            return self._run_in_order(prompts, params, key_data, feeds, then, static=batching == "static")
         except BaseException:
             self._reset_buffers()  # donated buffers may be gone mid-step
             raise
 
-    def _run(self, prompts, params, key_data, feeds, then, *, static: bool) -> list[Completion]:
+    def _run_in_order(self, prompts, params, key_data, feeds, then, *, static: bool) -> list[Completion]:
+        """``_run`` over the requests in ``admission_order`` (the scheduler admits by request id),
+        with the results, the callbacks' and the messages' request numbers and the admissions in
+        the caller's numbering."""
+        order = admission_order(prompts, feeds, self.admission)
+        if order == list(range(len(prompts))):
+            return self._run(prompts, params, key_data, feeds, then, static=static, names=order)
+        done = self._run([prompts[i] for i in order], [params[i] for i in order], key_data[order],
+                         [feeds[i] for i in order], then, static=static, names=order)
+        stats = self.last_stats
+        self.last_stats = dataclasses.replace(
+            stats, admissions=tuple((step, order[r], slot) for step, r, slot in stats.admissions))
+        out: list[Completion] = [None] * len(order)  # type: ignore[list-item]
+        for position, request in enumerate(order):
+            out[request] = done[position]
+        return out
+
+    def _run(self, prompts, params, key_data, feeds, then, *, static: bool, names: list[int]) -> list[Completion]:
         n = len(prompts)
         lengths = [p.size for p in prompts]
         params, key_data = list(params), key_data.copy()
@@ -416,7 +444,7 @@ class Engine:
                             del refeed[request]
                         elif out_logprobs[i, slot].tobytes() != first.tobytes():
                             raise RlxError(
-                                f"request {request}: token {t} replayed after a preemption with "
+                                f"request {names[request]}: token {t} replayed after a preemption with "
                                 f"log-prob {out_logprobs[i, slot]!r}, first computed as "
                                 f"{first!r}; the engine is not batch-invariant here"
                             )
@@ -439,13 +467,13 @@ class Engine:
                         reason,
                         lengths[request] + start,
                     )
-                    more = then(request, ended) if then is not None else None
+                    more = then(names[request], ended) if then is not None else None
                     if more is None:
                         last[request] = ended
                         finished.append(request)
                         break
                     ids, params[request], key_data[request] = check_continuation(
-                        request, lengths[request] + t + 1, more, vocab_size=self.config.vocab_size,
+                        names[request], lengths[request] + t + 1, more, vocab_size=self.config.vocab_size,
                         max_seq_len=self.max_seq_len, page_size=self.page_size,
                         num_pages=self._empty_pool.capacity,
                     )
@@ -568,6 +596,17 @@ class Engine:
             keys[slot] = key_data[request]
             temp[slot], k[slot], p[slot] = temps[request], params[request].top_k, params[request].top_p
         return table, positions, take, forced, keys, index, temp, k, p
+
+
+def admission_order(prompts: Sequence[np.ndarray], feeds: Sequence[np.ndarray], admission: str) -> list[int]:
+    """The requests in the order they are admitted: as given (``"arrival"``), or by the tokens each
+    caches before it samples, prompt and feeds, shortest first, the samples of one prompt (with
+    the same feeds) together, ties in arrival order (``"prompt_length"``)."""
+    if admission == "arrival":
+        return list(range(len(prompts)))
+    firsts: dict[tuple[bytes, bytes], int] = {}
+    first = [firsts.setdefault((p.tobytes(), f.tobytes()), i) for i, (p, f) in enumerate(zip(prompts, feeds, strict=True))]
+    return sorted(range(len(prompts)), key=lambda i: (prompts[i].size + feeds[i].size, first[i], i))
 
 
 def _turn_of(turn_ends: Sequence[int], t: int) -> tuple[int, int | None]:

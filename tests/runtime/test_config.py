@@ -35,6 +35,7 @@ def test_override_values_are_read_as_toml():
 
 @pytest.mark.parametrize("override, message", [
     ("scheduling.mode=fresh", "scheduling.mode: 'fresh' is not accepted; accepted: deterministic, freshest"),
+    ("inference.admission=longest", "inference.admission: 'longest' is not accepted; accepted: prompt_length, arrival"),
     ("scheduling.max_staleness=-1", "scheduling.max_staleness: -1 is not accepted; it must be >= 0"),
     ("scheduling.max_staleness=1.5", "scheduling.max_staleness: 1.5 is not accepted; it must be an integer"),
     ("algorithm.name=foo", "algorithm.name: 'foo' is not accepted; accepted: reinforce, grpo"),

@@ -78,7 +78,8 @@ def test_config_check_refuses_a_bad_value_in_one_line(capsys):
     assert err.count("\n") == 1 and "sampling.top_p: 2.0 is not accepted; it must be in (0, 1]" in err
 
 
-ADDED_SINCE = {"verifier": ("reward", "reward_digest"), "scheduling": ("draw_ahead",), "trainer": ("exact_logprobs",)}
+ADDED_SINCE = {"verifier": ("reward", "reward_digest"), "scheduling": ("draw_ahead",), "trainer": ("exact_logprobs",),
+               "inference": ("admission",)}
 """Fields added after ``DEFAULT_DIGEST`` was taken, each unset by default."""
 SECTIONS_ADDED_SINCE = {"episodes": ("tools", ())}
 """Sections added after ``DEFAULT_DIGEST`` was taken, with the field whose default leaves them off."""

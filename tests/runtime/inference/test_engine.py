@@ -276,3 +276,34 @@ def test_requests_with_one_prompt_admitted_together_are_prefilled_once_with_the_
     assert engine.last_stats.prefills == 1 and engine.last_stats.prefill_copies == 1
     for c in twice:
         _assert_same(c, alone[1], "request 1 twice")
+
+
+def test_admission_by_prompt_length_admits_the_shortest_first_and_changes_no_completion(model, alone):
+    """The same workload, admitted shortest prompt first (a group together): every request gets its
+    own completion, the results and the admissions keep the caller's numbering, and the order is
+    the one ``admission_order`` gives."""
+    from runtime.inference.engine import admission_order
+
+    prompts, params, seeds = WORKLOAD
+    picks = [0, 3, 0, 5, 3, 0, 0, 5, 3, 0, 1]
+    by_length = Engine(model, **ENGINE, admission="prompt_length")
+    seen = []
+
+    def then(request, completion):
+        seen.append(request)
+        return None
+
+    out = by_length.generate([prompts[i] for i in picks], [params[i] for i in picks], [seeds[i] for i in picks],
+                             then=then)
+    for position, i in enumerate(picks):
+        _assert_same(out[position], alone[i], f"request {i} at {position}")
+    lengths = [len(prompts[i]) for i in picks]
+    order = admission_order([np.array(prompts[i], np.int32) for i in picks], [np.zeros(0, np.int32)] * len(picks),
+                            "prompt_length")
+    assert [lengths[r] for r in order] == sorted(lengths)
+    assert [picks[r] for r in order] == sorted(picks, key=lambda i: (len(prompts[i]), picks.index(i)))
+    stats = by_length.last_stats
+    firsts = list(dict.fromkeys(r for _, r, _ in stats.admissions))  # first admission of each request
+    assert firsts == order and sorted(seen) == list(range(len(picks)))
+    with pytest.raises(UsageError, match="admission='longest' is not accepted; accepted: arrival, prompt_length"):
+        Engine(model, **ENGINE, admission="longest")
