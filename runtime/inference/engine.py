@@ -370,6 +370,7 @@ class Engine:
         done = self._run([prompts[i] for i in order], [params[i] for i in order], key_data[order],
                          [feeds[i] for i in order], then, static=static, names=order)
         stats = self.last_stats
+        assert stats is not None  # _run sets it
         self.last_stats = dataclasses.replace(
             stats, admissions=tuple((step, order[r], slot) for step, r, slot in stats.admissions))
         out: list[Completion] = [None] * len(order)  # type: ignore[list-item]
