@@ -63,7 +63,7 @@ class GenerateStats:
       cached_tokens: sum over steps of the tokens actually cached after the step.
       admissions: ``(step, request, slot)`` of every admission, in order.
       decode_calls: device calls the decode steps took (host round trips).
-      prefill_copies: admissions that got the prefill of an identical prompt admitted with them
+      prefill_copies: admissions that got the prefill of an identical prompt's running request
         (sharing its full prompt pages).
       peak_pages: most KV pages in use at once (a page shared by several requests counts once).
       fed_tokens: ids fed through the decoder without being sampled (``feeds`` and continuations'

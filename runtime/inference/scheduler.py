@@ -23,7 +23,7 @@ runs several decode steps per device call ``reserve``s their pages after ``plan`
 
 Pages are counted once however many requests share them: ``fits``, ``reserve`` and a preemption
 (which frees only the pages no other request holds) all read the one pool. A readmitted request
-is prefilled from its prompt alone, or shares again with a member of its group admitted with it:
+is prefilled from its prompt alone, or shares again with its group's running holder:
 either way its cache then holds exactly the bits it held before (see ``engine``), whatever the
 slots and pages it gets.
 """

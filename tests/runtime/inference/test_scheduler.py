@@ -132,7 +132,7 @@ def test_a_group_shares_its_full_prompt_pages_and_a_preempted_sharer_frees_only_
     # 17 tokens take a fifth page: one is free, so one request may reserve it, not both.
     assert reserve(state, {0: 5, 1: 5}) is None
     assert reserve(state, {0: 5, 1: 4}).pool.owned(0) == (1, 2, 3, 6, 5)
-    # Readmitted with no group member admitted with it, request 2 holds a prompt of its own.
+    # Readmitted when no member of its group runs (no holder), request 2 holds a prompt of its own.
     state = advance(state, finished=[0, 1])
     assert state.pool.num_used == 0 and not state.pool.refs
     state, decisions = plan(state, lengths, groups=[0, 0, 0])
