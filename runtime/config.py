@@ -599,9 +599,9 @@ class InferenceConfig(Section):
     youngest sequence is preempted and recomputed later, with the same tokens whatever the
     preemption pattern (``runtime.inference.scheduler``). It must hold one longest sequence.
     ``admission``: the order an engine's queued requests take free slots: ``"prompt_length"``
-    (unset; shortest prompt first, a prompt's samples together: sequences decoded together have similar
-    lengths, and a decode step's attention runs to the longest of them) or ``"arrival"``; no
-    completion depends on it."""
+    (unset; shortest prompt first, a prompt's samples together: sequences decoded together have
+    similar lengths, and a decode step's attention runs to the longest of them) or
+    ``"arrival"``; no completion depends on it."""
 
     NAME = "inference"
     mesh: dict = dataclasses.field(default_factory=dict)

@@ -21,8 +21,8 @@ compiled and run once untimed first:
   runs out); ``small_pool_same_tokens`` whether every completion equals the full pool's, and
   ``small_pool_speed_ratio`` its tokens/s over the full pool's;
 - ``hf``: Transformers' ``generate`` on the same weights (float32, greedy, left padding, batches of
-  ``--slots`` requests in the workload's order, every request of a batch run to the batch's longest and only the
-  tokens each asked for counted; torch on every core);
+  ``--slots`` requests in the workload's order, every request of a batch run to the batch's
+  longest and only the tokens each asked for counted; torch on every core);
   ``vs_hf`` is the engine's tokens/s over HF's, and ``hf_mismatched`` counts the requests whose HF
   tokens differ from the engine's (float32 sums in another order can turn a near-tie).
 

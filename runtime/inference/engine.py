@@ -394,10 +394,7 @@ class Engine:
         turn_ends: list[list[int]] = [[] for _ in range(n)]
         stops = [p.stop_ids(self.config.eos_token_ids) for p in params]
         last: list[Completion | None] = [None] * n
-        groups = None
-        if self.share_prompts:
-            firsts: dict[bytes, int] = {}
-            groups = [firsts.setdefault(p.tobytes(), i) for i, p in enumerate(prompts)]
+        groups = _first_of([p.tobytes() for p in prompts]) if self.share_prompts else None
         state = scheduler.Schedule.start(n, max_slots=self.max_slots, pool=self._empty_pool)
         steps = calls = prefills = copies = preemptions = replayed = fed = allocated = cached = peak = 0
         turns = 0
@@ -605,9 +602,14 @@ def admission_order(prompts: Sequence[np.ndarray], feeds: Sequence[np.ndarray], 
     the same feeds) together, ties in arrival order (``"prompt_length"``)."""
     if admission == "arrival":
         return list(range(len(prompts)))
-    firsts: dict[tuple[bytes, bytes], int] = {}
-    first = [firsts.setdefault((p.tobytes(), f.tobytes()), i) for i, (p, f) in enumerate(zip(prompts, feeds, strict=True))]
+    first = _first_of([(p.tobytes(), f.tobytes()) for p, f in zip(prompts, feeds, strict=True)])
     return sorted(range(len(prompts)), key=lambda i: (prompts[i].size + feeds[i].size, first[i], i))
+
+
+def _first_of(keys: Sequence) -> list[int]:
+    """For each key, the position of its first occurrence: equal keys, one group, named by it."""
+    firsts: dict = {}
+    return [firsts.setdefault(key, i) for i, key in enumerate(keys)]
 
 
 def _turn_of(turn_ends: Sequence[int], t: int) -> tuple[int, int | None]:

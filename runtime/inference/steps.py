@@ -86,8 +86,9 @@ def copy_prompts(
     DONATES cache, logits_SV.
 
     Row ``r`` copies page ``from_pages_R[r]`` (a prefilled request's last, partially filled prompt
-    page; the full ones are shared, not copied) onto page ``to_pages_R[r]`` (the new request's) and the prompt logits of slot ``from_slots_R[r]`` (``firsts_SV``, the prefilled
-    request's slot) onto slot ``to_slots_R[r]`` of ``logits_SV``. The prefilled request may have
+    page; the full ones are shared, not copied) onto page ``to_pages_R[r]`` (the new request's)
+    and the prompt logits of slot ``from_slots_R[r]`` (``firsts_SV``, the prefilled request's
+    slot) onto slot ``to_slots_R[r]`` of ``logits_SV``. The prefilled request may have
     decoded since: its tokens past the prompt sit in slots of the copied page that the new request
     never reads and overwrites with its own. Unused entries copy the null page onto itself and
     name slot ``S`` (out of range), which writes nothing. The copies are the bits the new
